@@ -1,0 +1,106 @@
+"""Where a completion ends: the stop rules applied to the text the model wrote.
+
+The same `trim` runs after every decoding step (to stop early: `stopped` is True once
+a rule has fired, so decoding more cannot change the answer) and once on the final
+text. Rules, in the spirit of Tabby and Continue:
+  - single line when the cursor is mid-line, multi-line when the cursor line is empty
+    or ends with a block opener;
+  - end of the current block: the first line indented less than the block;
+  - text that repeats what follows the cursor (the rest of the cursor line, or the
+    next non-blank line of the suffix);
+  - at top level, two blank lines end the completion;
+  - never an empty or whitespace-only completion (returned as "").
+The model's end-of-text is the caller's: it cuts the token ids there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BLOCK_OPENERS = (":", "{", "(", "[", "=>", "->", " do", " then", "begin")
+CLOSERS = (")", "]", "}", "end")
+
+
+@dataclass(frozen=True)
+class StopContext:
+    line_before: str  # the cursor line up to the cursor
+    line_after: str  # the cursor line after the cursor, line ending excluded
+    next_line: str  # the first non-blank line after the cursor line, stripped ("" if none)
+    multiline: bool
+
+
+def stop_context(before: str, after: str) -> StopContext:
+    line_before = before[before.rfind("\n") + 1:]
+    nl = after.find("\n")
+    line_after = (after if nl < 0 else after[:nl]).rstrip("\r")
+    next_line = ""
+    if nl >= 0:
+        # Only look a little way ahead: the suffix may be megabytes long.
+        for line in after[nl + 1: nl + 1 + 4096].splitlines():
+            if line.strip():
+                next_line = line.strip()
+                break
+    opener = line_before.rstrip().endswith(BLOCK_OPENERS)
+    multiline = not line_after.strip() and (not line_before.strip() or opener)
+    return StopContext(line_before, line_after, next_line, multiline)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def trim(text: str, ctx: StopContext, *, final: bool) -> tuple[str, bool]:
+    """(the part of `text` to show, whether a stop rule fired).
+
+    `final` says no more text will come, so the last line is complete.
+    The shown part is "" when nothing but whitespace is left.
+    """
+    kept, stopped = _cut(text, ctx, final)
+    kept = kept.rstrip()
+    if not kept.strip():
+        kept = ""
+    return kept, stopped
+
+
+def _cut(text: str, ctx: StopContext, final: bool) -> tuple[str, bool]:
+    lines = text.split("\n")  # lines[0] continues the cursor line
+    complete = len(lines) - (0 if final else 1)  # lines[:complete] will not grow any more
+
+    # The rest of the cursor line already follows the cursor: do not write it again.
+    rest = ctx.line_after.strip()
+    if rest and complete >= 1 and lines[0].rstrip().endswith(rest):
+        return lines[0].rstrip()[: -len(rest)], True
+
+    if not ctx.multiline:
+        if len(lines) > 1:
+            return lines[0], True
+        return text, False
+
+    full = [ctx.line_before + lines[0]] + lines[1:]  # whole lines, cursor line included
+    # The block is set by the first line with content that the model wrote a line start for.
+    first = 0 if not ctx.line_before.strip() else 1
+    block = None
+    blanks = 0
+    for i in range(first, len(full)):
+        line = full[i]
+        if not line.strip():
+            if i < complete:
+                blanks += 1
+                if block == 0 and blanks >= 2 and i > first:
+                    return "\n".join(lines[:i]), True
+            continue
+        blanks = 0
+        if block is None:
+            block = _indent(line)
+        elif _indent(line) < block:
+            stripped = line.strip()
+            # A closing bracket at the opener's level belongs to the block, unless it is already there.
+            if stripped.startswith(CLOSERS) and not ctx.next_line.startswith(stripped[:1]):
+                if i < complete:
+                    return "\n".join(lines[: i + 1]), True
+                return text, False
+            return "\n".join(lines[:i]), True
+        written = i >= 1 or not ctx.line_before.strip()  # the model wrote this whole line
+        if written and i < complete and ctx.next_line and line.strip() == ctx.next_line:
+            return "\n".join(lines[:i]), True
+    return text, False

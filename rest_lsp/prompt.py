@@ -1,0 +1,159 @@
+"""Text around the cursor -> prompt token ids, within a token budget.
+
+Models trained for fill-in-the-middle get prefix and suffix in their own template
+(detected from the tokenizer's vocabulary); other models get the prefix only.
+
+The prefix window starts at a line start chosen on a coarse grid of line numbers,
+so that while the user types, consecutive prompts begin with the same tokens and
+the decoder can reuse its KV cache instead of paying the whole prefill again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Never tokenize more than this many characters per budgeted token: a 5 MB file
+# costs the same as a small one.
+CHARS_PER_TOKEN = 8
+# The prefix window starts on a line number that is a multiple of this, so it moves
+# once per LINE_GRID lines typed rather than with every keystroke.
+LINE_GRID = 16
+
+
+@dataclass(frozen=True)
+class FimTemplate:
+    name: str
+    prefix: str  # token strings as they appear in the vocabulary
+    suffix: str
+    middle: str
+    stops: tuple[str, ...]  # tokens that end the middle besides the tokenizer's eos
+
+
+FIM_TEMPLATES = (
+    FimTemplate("qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
+                ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|im_end|>")),
+    FimTemplate("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
+                ("<|endoftext|>", "<file_sep>", "<fim_pad>")),
+    FimTemplate("deepseek", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>",
+                ("<｜end▁of▁sentence｜>", "<|EOT|>")),
+    FimTemplate("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>", ("▁<EOT>",)),
+)
+
+
+@dataclass(frozen=True)
+class Fim:
+    """A FIM template resolved to the ids of one tokenizer."""
+
+    template: FimTemplate
+    prefix_id: int
+    suffix_id: int
+    middle_id: int
+    stop_ids: frozenset[int]
+
+
+def detect_fim(hf_tokenizer: Any) -> Fim | None:
+    """The FIM template whose three marker tokens are all in the vocabulary, if any."""
+    vocab = hf_tokenizer.get_vocab()
+    for t in FIM_TEMPLATES:
+        if all(tok in vocab for tok in (t.prefix, t.suffix, t.middle)):
+            stops = frozenset(vocab[s] for s in t.stops if s in vocab)
+            return Fim(t, vocab[t.prefix], vocab[t.suffix], vocab[t.middle], stops)
+    return None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    prefix: str  # the text before the cursor that the prompt holds
+    suffix: str  # the text after the cursor that the prompt holds ("" without FIM)
+    fim: Fim | None
+
+
+def _offsets(hf_tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    enc = hf_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+
+def _prefix_window(hf_tokenizer: Any, before: str, budget: int) -> tuple[str, list[int]]:
+    """The longest tail of `before` that starts on a grid line and fits in `budget` tokens."""
+    if budget <= 0:
+        return "", []
+    start = max(0, len(before) - budget * CHARS_PER_TOKEN)
+    if start > 0:
+        start = before.find("\n", start) + 1 or len(before)
+    ids, offsets = _offsets(hf_tokenizer, before[start:])
+    if len(ids) <= budget and start == 0:
+        return before, ids
+    if len(ids) > budget:
+        # First character the budget allows, then snap forward to a grid line start.
+        need = start + offsets[len(ids) - budget][0]
+    else:
+        need = start
+    line = before.count("\n", 0, need)
+    if need > 0 and before[need - 1] != "\n":
+        line += 1  # `need` is mid-line: the first whole line is the next one
+    grid_line = -(-line // LINE_GRID) * LINE_GRID
+    cut = _line_start(before, grid_line, need)
+    if cut is None or cut >= len(before):  # too few lines left: the next line start will do
+        cut = _line_start(before, line, need)
+    if cut is None or cut >= len(before):
+        cut = need  # one huge line: cut mid-line
+    window = before[cut:]
+    ids = hf_tokenizer(window, add_special_tokens=False)["input_ids"]
+    if len(ids) > budget:  # retokenizing merged differently: the tail is always valid
+        ids = ids[-budget:]
+    return window, list(ids)
+
+
+def _line_start(text: str, line: int, at_least: int) -> int | None:
+    """Offset where 0-based `line` starts, searching from `at_least` on."""
+    current = text.count("\n", 0, at_least)
+    pos = at_least
+    if pos > 0 and text[pos - 1] != "\n":
+        pos = text.find("\n", pos) + 1
+        if pos == 0:
+            return None
+        current += 1
+    while current < line:
+        nl = text.find("\n", pos)
+        if nl < 0:
+            return None
+        pos, current = nl + 1, current + 1
+    return pos
+
+
+def _suffix_window(hf_tokenizer: Any, after: str, budget: int) -> tuple[str, list[int]]:
+    """The longest head of `after` that ends on a line end and fits in `budget` tokens."""
+    if budget <= 0 or not after:
+        return "", []
+    head = after[: budget * CHARS_PER_TOKEN]
+    ids, offsets = _offsets(hf_tokenizer, head)
+    if len(ids) <= budget and len(head) == len(after):
+        return after, ids
+    end = offsets[min(budget, len(ids)) - 1][1] if ids else 0
+    nl = head.rfind("\n", 0, end)
+    if nl >= 0:
+        end = nl + 1
+    window = head[:end]
+    ids = list(hf_tokenizer(window, add_special_tokens=False)["input_ids"])[:budget]
+    return window, ids
+
+
+def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
+                 fim: Fim | None, suffix_fraction: float = 0.25) -> Prompt:
+    """Prompt ids for a cursor between `before` and `after`.
+
+    With FIM: `suffix_fraction` of the budget goes to the suffix, what it leaves to the prefix.
+    """
+    bos = []
+    if getattr(hf_tokenizer, "add_bos_token", False) and hf_tokenizer.bos_token_id is not None:
+        bos = [hf_tokenizer.bos_token_id]
+    if fim is None:
+        prefix, prefix_ids = _prefix_window(hf_tokenizer, before, budget - len(bos))
+        return Prompt(bos + prefix_ids, prefix, "", None)
+    room = budget - len(bos) - 3  # the three FIM markers
+    suffix, suffix_ids = _suffix_window(hf_tokenizer, after, int(room * suffix_fraction))
+    prefix, prefix_ids = _prefix_window(hf_tokenizer, before, room - len(suffix_ids))
+    ids = bos + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id]
+    return Prompt(ids, prefix, suffix, fim)

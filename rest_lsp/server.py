@@ -1,0 +1,273 @@
+"""The language server: pygls wiring around the CompletionService, nothing more.
+
+Handlers are thin: they turn LSP positions into character offsets and service answers
+into LSP items. Completion handlers are coroutines, so `$/cancelRequest` cancels them
+at their `await`; they then stop the service's work too, and the client gets
+RequestCancelled. The service calls back from its own threads: those calls are handed
+to the event loop, the only thread that writes to the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+
+from rest_lsp import __version__
+from rest_lsp import settings as settings_module
+from rest_lsp.completion import Completion, CompletionService
+from rest_lsp.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ACCEPT_COMMAND = "rest-lsp.accept"
+STATS_COMMAND = "rest-lsp.stats"
+DRAFTS_COMMAND = "rest-lsp.drafts"
+LABEL_CHARS = 60
+
+
+class RestLanguageServer(LanguageServer):
+    def __init__(self, settings: Settings):
+        super().__init__("rest-lsp", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        self.settings = settings  # CLI flags, then initializationOptions, then didChangeConfiguration
+        self.service: CompletionService | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def show(self, level: str, text: str) -> None:
+        kind = {"error": types.MessageType.Error, "warning": types.MessageType.Warning}.get(level, types.MessageType.Info)
+        self.window_show_message(types.ShowMessageParams(type=kind, message=text))
+
+    def apply_settings(self, values: Any) -> None:
+        new, errors = self.settings.update(values)
+        self.settings = new
+        if errors:
+            self.show("error", "rest-lsp ignored invalid settings (defaults kept): " + " ".join(errors))
+        if self.service is not None:
+            self.service.update_settings(new)
+
+
+class _Events:
+    """The service's callbacks, moved onto the event loop."""
+
+    def __init__(self, ls: RestLanguageServer, loop: asyncio.AbstractEventLoop):
+        self.ls, self.loop = ls, loop
+        self.tokens: dict[str, tuple[str, int]] = {}  # root -> (progress token, last percentage)
+
+    def _call(self, fn, *args) -> None:
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def message(self, level: str, text: str) -> None:
+        (log.error if level == "error" else log.info)(text)
+        if level != "info":
+            self._call(self.ls.show, level, text)
+
+    def index_begin(self, root: str) -> None:
+        caps = self.ls.client_capabilities.window
+        if not (caps and caps.work_done_progress):
+            return
+        token = f"rest-lsp-index-{uuid.uuid4().hex[:8]}"
+        try:
+            asyncio.run_coroutine_threadsafe(self.ls.work_done_progress.create_async(token), self.loop).result(10)
+        except Exception as err:  # a client that refuses progress still gets its index
+            log.info("no progress for indexing %s: %s", root, err)
+            return
+        self.tokens[root] = (token, -1)
+        title = f"Indexing {Path(root).name or root}"
+        self._call(self.ls.work_done_progress.begin, token,
+                   types.WorkDoneProgressBegin(title=title, percentage=0, cancellable=False))
+
+    def index_progress(self, root: str, done: int, total: int) -> None:
+        if root not in self.tokens:
+            return
+        token, last = self.tokens[root]
+        percent = int(100 * done / total) if total else 100
+        if percent != last:
+            self.tokens[root] = (token, percent)
+            self._call(self.ls.work_done_progress.report, token,
+                       types.WorkDoneProgressReport(message=f"{done}/{total} files", percentage=percent))
+
+    def index_end(self, root: str, stats: dict) -> None:
+        if root not in self.tokens:
+            return
+        token, _ = self.tokens.pop(root)
+        summary = f"{stats.get('documents', '?')} files, {stats.get('tokens', '?')} tokens" if stats else "done"
+        self._call(self.ls.work_done_progress.end, token, types.WorkDoneProgressEnd(message=summary))
+
+
+def _doc_id(uri: str) -> str:
+    """Datastore id of a buffer: the file's path for file URIs (so it replaces the indexed file)."""
+    path = to_fs_path(uri) if uri.startswith("file:") else None
+    return path if path else f"buffer:{uri}"
+
+
+def _cursor(ls: RestLanguageServer, uri: str, position: types.Position) -> tuple[str, int, types.Position] | None:
+    """(text, character offset, position clamped into the document), or None for a document never opened."""
+    doc = ls.workspace.text_documents.get(unquote(uri))
+    if doc is None:
+        return None
+    text = doc.source
+    lines = doc.lines
+    if position.line >= len(lines):
+        if not lines:
+            return text, 0, types.Position(line=0, character=0)
+        last = lines[-1].rstrip("\r\n")
+        if lines[-1] != last:  # the text ends with a line break: the end is the start of an empty line
+            return text, len(text), types.Position(line=len(lines), character=0)
+        units = doc.position_codec.client_num_units(last)
+        return text, len(text), types.Position(line=len(lines) - 1, character=units)
+    content = lines[position.line].rstrip("\r\n")
+    clamped = types.Position(line=position.line,
+                             character=min(position.character, doc.position_codec.client_num_units(content)))
+    server_pos = doc.position_codec.position_from_client_units(lines, types.Position(clamped.line, clamped.character))
+    return text, doc.offset_at_server_position(server_pos), clamped
+
+
+async def _complete(ls: RestLanguageServer, uri: str, position: types.Position):
+    """(Completion or None, clamped position); cancels the service's work when this request is cancelled."""
+    found = _cursor(ls, uri, position)
+    if found is None or ls.service is None:
+        return None, position
+    text, offset, pos = found
+    ticket = ls.service.submit(uri, text, offset)
+    try:
+        return await asyncio.wrap_future(ticket.future), pos
+    except asyncio.CancelledError:
+        ticket.cancel()
+        raise
+
+
+def _accept_command(completion: Completion) -> types.Command:
+    return types.Command(title="Accept completion", command=ACCEPT_COMMAND,
+                         arguments=[{"id": completion.id, "text": completion.text}])
+
+
+def create_server(settings: Settings | None = None) -> RestLanguageServer:
+    server = RestLanguageServer(settings or Settings())
+
+    @server.feature(types.INITIALIZE)
+    def initialize(ls: RestLanguageServer, params: types.InitializeParams) -> None:
+        ls.loop = asyncio.get_running_loop()
+        ls.service = CompletionService(ls.settings, _Events(ls, ls.loop))
+        ls.apply_settings(params.initialization_options)
+
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: RestLanguageServer, params: types.InitializedParams) -> None:
+        roots = [to_fs_path(f.uri) for f in ls.workspace.folders.values()]
+        if not roots and ls.workspace.root_path:
+            roots = [ls.workspace.root_path]
+        ls.service.start([Path(r) for r in roots if r])
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def did_change_configuration(ls: RestLanguageServer, params: types.DidChangeConfigurationParams) -> None:
+        ls.apply_settings(params.settings)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_open_or_change(ls: RestLanguageServer, params) -> None:
+        uri = params.text_document.uri
+        doc = ls.workspace.text_documents.get(unquote(uri))
+        if doc is not None and ls.service is not None:
+            ls.service.change_buffer(_doc_id(uri), doc.source)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: RestLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
+        if ls.service is not None:
+            ls.service.close_buffer(_doc_id(params.text_document.uri))
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(ls: RestLanguageServer, params: types.InlineCompletionParams):
+        completion, pos = await _complete(ls, params.text_document.uri, params.position)
+        if completion is None:
+            return types.InlineCompletionList(items=[])
+        item = types.InlineCompletionItem(insert_text=completion.text, range=types.Range(start=pos, end=pos),
+                                          command=_accept_command(completion))
+        return types.InlineCompletionList(items=[item])
+
+    @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions())
+    async def completion(ls: RestLanguageServer, params: types.CompletionParams):
+        completion, pos = await _complete(ls, params.text_document.uri, params.position)
+        if completion is None:
+            return types.CompletionList(is_incomplete=True, items=[])
+        first = completion.text.strip().splitlines()[0]
+        item = types.CompletionItem(
+            label=first[:LABEL_CHARS] + ("…" if len(first) > LABEL_CHARS or "\n" in completion.text.strip() else ""),
+            kind=types.CompletionItemKind.Text,
+            detail="rest-lsp",
+            text_edit=types.TextEdit(range=types.Range(start=pos, end=pos), new_text=completion.text),
+            filter_text="",
+            sort_text="0",
+            command=_accept_command(completion),
+        )
+        # incomplete: the client asks again as the user types, so the suggestion follows the text
+        return types.CompletionList(is_incomplete=True, items=[item])
+
+    @server.command(ACCEPT_COMMAND)
+    async def accept(ls: RestLanguageServer, *args) -> bool:
+        arg = args[0] if args else None
+        if not isinstance(arg, dict) or not isinstance(arg.get("text"), str) or ls.service is None:
+            return False
+        cid = arg.get("id") if isinstance(arg.get("id"), int) else None
+        return await asyncio.to_thread(ls.service.accept, cid, arg["text"])
+
+    @server.command(STATS_COMMAND)
+    def stats(ls: RestLanguageServer, *args) -> dict:
+        return ls.service.stats() if ls.service is not None else {}
+
+    @server.command(DRAFTS_COMMAND)
+    async def drafts(ls: RestLanguageServer, *args) -> list:
+        """Debugging: what the workspace datastore proposes after the given text."""
+        if not args or not isinstance(args[0], str) or ls.service is None:
+            return []
+        found = await asyncio.to_thread(ls.service.drafts, args[0])
+        return [{"text": text, "weight": weight} for text, weight in found]
+
+    @server.feature(types.SHUTDOWN)
+    def shutdown(ls: RestLanguageServer, *args) -> None:
+        if ls.service is not None:
+            ls.service.close()
+
+    return server
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
+    parser.add_argument("--tcp", metavar="HOST:PORT", help="listen for one LSP client on a TCP socket")
+    parser.add_argument("--log-file", help="write the server log here (default: stderr)")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    settings_module.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
+    logging.basicConfig(level=args.log_level, handlers=[handler],
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = create_server(Settings.from_args(args))
+    if args.tcp:
+        host, _, port = args.tcp.rpartition(":")
+        if not host or not port.isdigit():
+            print(f"rest-lsp: --tcp wants HOST:PORT, got {args.tcp!r}.", file=sys.stderr)
+            return 2
+        server.start_tcp(host, int(port))
+    else:
+        server.start_io()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rest-lsp", description="REST code-completion language server")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

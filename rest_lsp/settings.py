@@ -1,0 +1,141 @@
+"""The server's settings: one typed dataclass, filled from CLI flags, then from the
+editor (`initializationOptions`, `workspace/didChangeConfiguration`).
+
+Editors send JSON with camelCase keys (`maxNewTokens`); Python callers may use
+snake_case. A bad value is reported in one sentence and the previous value is kept,
+so a typo in an editor config never takes completions away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# Keys an editor may wrap our settings in (VS Code sends {"rest-lsp": {...}} for a section).
+SECTION_NAMES = ("rest-lsp", "restLsp", "rest_lsp")
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str | None = None  # HF hub id, local folder or .gguf file; None = the bundled default
+    device: str | None = None  # "cpu", "cuda", "cuda:1", "mps"; None = best available
+    dtype: str | None = None  # "float32", "bfloat16", "float16"; None = the model loader's choice
+    max_new_tokens: int = 64
+    draft_budget: int = 16  # draft-tree nodes verified per step; 0 = plain decoding (no REST)
+    context_tokens: int = 1024  # prompt budget, prefix + suffix
+    suffix_fraction: float = 0.25  # share of context_tokens kept for the suffix (FIM models only)
+    debounce_ms: int = 20  # wait this long before decoding; a newer request in the meantime wins
+    ignore: tuple[str, ...] = ()  # extra gitignore-style patterns the indexer skips
+    index_workspace: bool = True
+    max_file_bytes: int = 1_000_000
+    cache_dir: str | None = None  # where the index persists; None = the platform cache dir
+
+    def update(self, values: Mapping[str, Any] | None) -> tuple["Settings", list[str]]:
+        """A copy with the valid entries of `values` applied, and one sentence per bad entry."""
+        if not values:
+            return self, []
+        if not isinstance(values, Mapping):
+            return self, [f"Settings must be an object, got {type(values).__name__}."]
+        for section in SECTION_NAMES:
+            if isinstance(values.get(section), Mapping):
+                values = values[section]
+                break
+        changes: dict[str, Any] = {}
+        errors: list[str] = []
+        known = {f.name: f for f in dataclasses.fields(self)}
+        for key, value in values.items():
+            name = _snake(key)
+            if name not in known:
+                errors.append(f"Unknown setting {key!r}.")
+                continue
+            try:
+                changes[name] = _check(name, value)
+            except ValueError as err:
+                errors.append(f"Setting {key!r}: {err}")
+        return dataclasses.replace(self, **changes), errors
+
+    @property
+    def model_key(self) -> tuple[str | None, str | None, str | None]:
+        """The settings that need a model reload when they change."""
+        return (self.model, self.device, self.dtype)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Settings":
+        values = {
+            name: getattr(args, name)
+            for name in (f.name for f in dataclasses.fields(cls))
+            if getattr(args, name, None) is not None
+        }
+        settings, errors = cls().update(values)
+        if errors:
+            raise SystemExit("rest-lsp: " + " ".join(errors))
+        return settings
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", str(key)).lower().replace("-", "_")
+
+
+_RANGES = {
+    "max_new_tokens": (1, 4096),
+    "draft_budget": (0, 1024),
+    "context_tokens": (16, 1 << 20),
+    "debounce_ms": (0, 10_000),
+    "max_file_bytes": (1, 1 << 34),
+}
+_DTYPES = ("float32", "float16", "bfloat16", "auto")
+
+
+def _check(name: str, value: Any) -> Any:
+    """`value` converted to the field's type, or ValueError saying what is wrong."""
+    if name in _RANGES:
+        low, high = _RANGES[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer from {low} to {high}, got {value!r}.")
+        if not low <= value <= high:
+            raise ValueError(f"expected an integer from {low} to {high}, got {value}.")
+        return value
+    if name == "suffix_fraction":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"expected a number from 0 up to (not including) 1, got {value!r}.")
+        return float(value)
+    if name == "index_workspace":
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}.")
+        return value
+    if name == "ignore":
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"expected a list of gitignore patterns, got {value!r}.")
+        return tuple(value)
+    if name == "dtype":
+        if value is not None and value not in _DTYPES:
+            raise ValueError(f"expected one of {', '.join(_DTYPES)}, got {value!r}.")
+        return value
+    # model, device, cache_dir: free-form strings (null = default)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(f"expected a non-empty string or null, got {value!r}.")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The settings as CLI flags; they are the defaults the editor's settings override."""
+    g = parser.add_argument_group("model and decoding")
+    g.add_argument("--model", help="HF hub id, local model folder or .gguf file (default: bundled SmolLM2-135M)")
+    g.add_argument("--device", help="torch device, e.g. cpu or cuda (default: best available)")
+    g.add_argument("--dtype", choices=_DTYPES, help="weights dtype (default: the loader's choice)")
+    g.add_argument("--max-new-tokens", type=int, help="most tokens per completion (default: 64)")
+    g.add_argument("--draft-budget", type=int, help="draft-tree nodes per step; 0 disables REST (default: 16)")
+    g.add_argument("--context-tokens", type=int, help="prompt budget in tokens (default: 1024)")
+    g.add_argument("--suffix-fraction", type=float, help="share of the budget for the suffix, FIM only (default: 0.25)")
+    g.add_argument("--debounce-ms", type=int, help="wait before decoding (default: 20)")
+    w = parser.add_argument_group("workspace")
+    w.add_argument("--ignore", action="append", help="extra gitignore pattern to skip (repeatable)")
+    w.add_argument("--no-index", dest="index_workspace", action="store_false", default=None,
+                   help="do not index the workspace folders")
+    w.add_argument("--max-file-bytes", type=int, help="skip larger files (default: 1000000)")
+    w.add_argument("--cache-dir", help="where the workspace index persists")
