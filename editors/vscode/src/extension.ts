@@ -1,0 +1,277 @@
+// Wires the rest-lsp server into VS Code: starts it, shows its state in the status bar, and forwards
+// acceptances. The logic worth testing lives in settings.ts, status.ts and stats.ts.
+
+import * as vscode from "vscode";
+import {
+  CancellationToken,
+  DidChangeConfigurationNotification,
+  ExecuteCommandRequest,
+  LanguageClient,
+  LanguageClientOptions,
+  Middleware,
+  ServerOptions,
+  State,
+} from "vscode-languageclient/node";
+import { classifyChange, documentSelector, readSettings, RestLspSettings, serverLaunch, serverOptions } from "./settings";
+import { formatStats, speedFromStats } from "./stats";
+import { ProgressTracker, ServerState, Speed, statusText } from "./status";
+
+const SECTION = "restLsp";
+const SERVER_ACCEPT = "rest-lsp.accept";
+const SERVER_STATS = "rest-lsp.stats";
+// Items' accept commands are routed through this one, so that the acceptance reaches the server even if it did
+// not list its commands in `executeCommandProvider`, and so that the status bar refreshes after it.
+const FORWARD_ACCEPT = "restLsp.accept";
+
+class RestLspExtension implements vscode.Disposable {
+  private client: LanguageClient | undefined;
+  private settings: RestLspSettings;
+  private state: ServerState = { kind: "off" };
+  private speed: Speed = {};
+  private readonly progress = new ProgressTracker();
+  private readonly output = vscode.window.createOutputChannel("REST LSP", { log: true });
+  private readonly item = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
+  // Start, stop and restart run one after the other, never interleaved.
+  private lifecycle: Promise<void> = Promise.resolve();
+  private statsInFlight = false;
+  private stopping = false;
+
+  constructor() {
+    this.settings = this.read();
+    this.item.show();
+    this.render();
+  }
+
+  private read(): RestLspSettings {
+    const config = vscode.workspace.getConfiguration(SECTION);
+    const { settings, problems } = readSettings((key) => config.get(key));
+    for (const p of problems) this.output.warn(`[settings] ${p}`);
+    if (problems.length) void vscode.window.showWarningMessage(`REST LSP: ${problems[0]}`);
+    return settings;
+  }
+
+  private setState(state: ServerState): void {
+    this.state = state;
+    this.render();
+  }
+
+  private render(): void {
+    const { text, tooltip } = statusText(this.state, this.speed);
+    this.item.text = text;
+    this.item.tooltip = tooltip;
+    this.item.command =
+      this.state.kind === "off" ? "restLsp.toggle" : this.state.kind === "error" ? "restLsp.restart" : "restLsp.showStats";
+    this.item.backgroundColor =
+      this.state.kind === "error" ? new vscode.ThemeColor("statusBarItem.errorBackground") : undefined;
+  }
+
+  private queue(step: () => Promise<void>): Promise<void> {
+    this.lifecycle = this.lifecycle.then(step, step);
+    return this.lifecycle;
+  }
+
+  start(): Promise<void> {
+    return this.queue(() => this.startNow());
+  }
+
+  stop(): Promise<void> {
+    return this.queue(async () => {
+      await this.stopNow();
+      this.setState({ kind: "off" });
+    });
+  }
+
+  restart(): Promise<void> {
+    return this.queue(async () => {
+      await this.stopNow();
+      await this.startNow();
+    });
+  }
+
+  private async startNow(): Promise<void> {
+    if (!this.settings.enable) {
+      this.setState({ kind: "off" });
+      return;
+    }
+    const launch = serverLaunch(this.settings);
+    const serverOpts: ServerOptions = { command: launch.command, args: launch.args };
+    const clientOpts: LanguageClientOptions = {
+      documentSelector: documentSelector(this.settings.languages),
+      initializationOptions: serverOptions(this.settings),
+      outputChannel: this.output,
+      middleware: this.middleware(),
+    };
+    const client = new LanguageClient("restLsp", "REST LSP", serverOpts, clientOpts);
+    client.onDidChangeState((e) => {
+      if (e.newState === State.Stopped && !this.stopping && this.client === client) {
+        this.setState({ kind: "error", message: "The rest-lsp server stopped." });
+      }
+    });
+    this.client = client;
+    this.progress.reset();
+    this.speed = {};
+    this.setState({ kind: "starting" });
+    this.output.info(`[client] starting: ${launch.command} ${launch.args.join(" ")}`);
+    try {
+      await client.start();
+      if (this.state.kind === "starting") this.setState({ kind: "ready" });
+    } catch (err) {
+      const message = err instanceof Error ? err.message : String(err);
+      this.output.error(`[client] the server did not start: ${message}`);
+      this.setState({
+        kind: "error",
+        message: `The rest-lsp server did not start (${launch.command}): ${message}`,
+      });
+    }
+  }
+
+  private async stopNow(): Promise<void> {
+    const client = this.client;
+    this.client = undefined;
+    if (client === undefined) return;
+    this.stopping = true;
+    try {
+      if (client.isRunning()) await client.stop(2000);
+    } catch (err) {
+      this.output.warn(`[client] stopping the server failed: ${err instanceof Error ? err.message : err}`);
+    } finally {
+      this.stopping = false;
+    }
+  }
+
+  private middleware(): Middleware {
+    const showInSuggestList = this.settings.showInSuggestList;
+    return {
+      handleWorkDoneProgress: (token, params, next) => {
+        this.setState(this.progress.apply(this.state, token, params));
+        next(token, params);
+      },
+      provideInlineCompletionItems: async (document, position, context, token, next) => {
+        const result = await next(document, position, context, token);
+        const items = result === null || result === undefined ? [] : Array.isArray(result) ? result : result.items;
+        for (const item of items) item.command = this.forwardAccept(item.command);
+        if (items.length > 0) void this.refreshSpeed();
+        return result;
+      },
+      provideCompletionItem: async (document, position, context, token, next) => {
+        // Off by default: the ghost text shows the same completion, and each request runs the model.
+        if (!showInSuggestList) return undefined;
+        const result = await next(document, position, context, token);
+        const items = result === null || result === undefined ? [] : Array.isArray(result) ? result : result.items;
+        for (const item of items) item.command = this.forwardAccept(item.command);
+        return result;
+      },
+    };
+  }
+
+  private forwardAccept(command: vscode.Command | undefined): vscode.Command | undefined {
+    if (command === undefined || command.command !== SERVER_ACCEPT) return command;
+    return { title: command.title, command: FORWARD_ACCEPT, arguments: command.arguments ?? [] };
+  }
+
+  async accept(...args: unknown[]): Promise<void> {
+    const client = this.client;
+    if (client === undefined || !client.isRunning()) return;
+    try {
+      await client.sendRequest(ExecuteCommandRequest.type, { command: SERVER_ACCEPT, arguments: args });
+    } catch (err) {
+      this.output.warn(`[client] ${SERVER_ACCEPT} failed: ${err instanceof Error ? err.message : err}`);
+    }
+  }
+
+  private async stats(token?: CancellationToken): Promise<unknown> {
+    const client = this.client;
+    if (client === undefined || !client.isRunning()) throw new Error("The rest-lsp server is not running.");
+    return client.sendRequest(ExecuteCommandRequest.type, { command: SERVER_STATS, arguments: [] }, token);
+  }
+
+  private async refreshSpeed(): Promise<void> {
+    if (this.statsInFlight) return;
+    this.statsInFlight = true;
+    try {
+      this.speed = speedFromStats(await this.stats());
+      this.render();
+    } catch (err) {
+      this.output.warn(`[client] ${SERVER_STATS} failed: ${err instanceof Error ? err.message : err}`);
+    } finally {
+      this.statsInFlight = false;
+    }
+  }
+
+  async showStats(): Promise<void> {
+    if (this.client === undefined) {
+      void vscode.window.showInformationMessage("REST LSP is off; run \"REST LSP: Toggle Completions\" to start it.");
+      return;
+    }
+    try {
+      const stats = await this.stats();
+      this.speed = speedFromStats(stats);
+      this.render();
+      const lines = formatStats(stats);
+      this.output.info(`[stats] ${lines.join("; ")}`);
+      void vscode.window.showInformationMessage("REST LSP stats", { modal: true, detail: lines.join("\n") });
+    } catch (err) {
+      void vscode.window.showErrorMessage(`REST LSP: could not get stats: ${err instanceof Error ? err.message : err}`);
+    }
+  }
+
+  async toggle(): Promise<void> {
+    const config = vscode.workspace.getConfiguration(SECTION);
+    // The configuration listener starts or stops the server.
+    await config.update("enable", !this.settings.enable, vscode.ConfigurationTarget.Global);
+  }
+
+  async onConfigurationChanged(): Promise<void> {
+    const before = this.settings;
+    const after = this.read();
+    this.settings = after;
+    switch (classifyChange(before, after)) {
+      case "start":
+      case "restart":
+        await this.restart();
+        break;
+      case "stop":
+        await this.stop();
+        break;
+      case "notify": {
+        const client = this.client;
+        if (client?.isRunning()) {
+          await client.sendNotification(DidChangeConfigurationNotification.type, { settings: serverOptions(after) });
+        }
+        break;
+      }
+      case "none":
+        break;
+    }
+  }
+
+  dispose(): void {
+    void this.stopNow();
+    this.item.dispose();
+    this.output.dispose();
+  }
+}
+
+let extension: RestLspExtension | undefined;
+
+export async function activate(context: vscode.ExtensionContext): Promise<void> {
+  const ext = new RestLspExtension();
+  extension = ext;
+  context.subscriptions.push(
+    ext,
+    vscode.commands.registerCommand("restLsp.restart", () => ext.restart()),
+    vscode.commands.registerCommand("restLsp.showStats", () => ext.showStats()),
+    vscode.commands.registerCommand("restLsp.toggle", () => ext.toggle()),
+    vscode.commands.registerCommand(FORWARD_ACCEPT, (...args: unknown[]) => ext.accept(...args)),
+    vscode.workspace.onDidChangeConfiguration((e) => {
+      if (e.affectsConfiguration(SECTION)) void ext.onConfigurationChanged();
+    }),
+  );
+  await ext.start();
+}
+
+export async function deactivate(): Promise<void> {
+  const ext = extension;
+  extension = undefined;
+  if (ext !== undefined) await ext.stop();
+}

@@ -1,0 +1,46 @@
+// Reading the answer of the server's `rest-lsp.stats` command.
+// No `vscode` import here: node:test checks this module without VS Code.
+
+import type { Speed } from "./status";
+
+// The keys of `rest-lsp.stats` that the status bar shows (see rest_lsp/server.py).
+export const STAT_KEYS = {
+  tokensPerStep: "mean_tokens_per_step",
+  msPerToken: "mean_ms_per_token",
+  latencyMs: "last_latency_ms",
+} as const;
+
+const isRecord = (x: unknown): x is Record<string, unknown> => typeof x === "object" && x !== null && !Array.isArray(x);
+const finite = (x: unknown): number | undefined => (typeof x === "number" && Number.isFinite(x) ? x : undefined);
+
+/** The speed fields of a stats answer; a field the server left out or sent as null stays undefined. */
+export function speedFromStats(stats: unknown): Speed {
+  if (!isRecord(stats)) return {};
+  return {
+    tokensPerStep: finite(stats[STAT_KEYS.tokensPerStep]),
+    msPerToken: finite(stats[STAT_KEYS.msPerToken]),
+    latencyMs: finite(stats[STAT_KEYS.latencyMs]),
+  };
+}
+
+function formatValue(v: unknown): string {
+  if (typeof v === "number") return Number.isInteger(v) ? v.toLocaleString("en-US") : v.toFixed(2);
+  if (v === null || v === undefined) return "-";
+  if (typeof v === "string") return v;
+  return JSON.stringify(v);
+}
+
+/** One "label: value" line per field, in the server's order; nested objects are flattened with dots. */
+export function formatStats(stats: unknown): string[] {
+  if (!isRecord(stats)) return [`The server answered something that is not a stats object: ${JSON.stringify(stats)}`];
+  const lines: string[] = [];
+  const walk = (obj: Record<string, unknown>, prefix: string) => {
+    for (const [key, value] of Object.entries(obj)) {
+      const label = prefix + key.replace(/_/g, " ");
+      if (isRecord(value)) walk(value, `${label}.`);
+      else lines.push(`${label}: ${formatValue(value)}`);
+    }
+  };
+  walk(stats, "");
+  return lines.length ? lines : ["The server has no stats yet."];
+}
