@@ -1,0 +1,9 @@
+"""An incremental token index of a workspace, queried for REST draft continuations.
+
+Datastore: segments + tombstones + merges, thread-safe, a DraftSource.
+WorkspaceIndex: walks, watches and persists a workspace into a Datastore.
+"""
+
+from .store import Continuation, Datastore, Lookup, Source
+
+__all__ = ["Continuation", "Datastore", "Lookup", "Source"]

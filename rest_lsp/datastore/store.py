@@ -1,0 +1,337 @@
+"""The datastore: live segments, the document table, queries, and background merges.
+
+Readers take `self._view` (one attribute read) and work on that immutable tuple of segments;
+writers build new segments, then swap in a new view under the writer lock. A query therefore sees
+every change entirely or not at all, and never waits for a writer or a merge.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .segment import MAX_TOKEN_ID, SEP, Hit, Segment, build_segment
+
+log = logging.getLogger(__name__)
+
+Continuation = tuple[tuple[int, ...], float]
+
+
+class Source(enum.Enum):
+    """Where a document comes from; nearer sources weigh more (see measurements.md)."""
+    CURRENT_FILE = 0
+    OPEN_BUFFER = 1
+    ACCEPTED = 2
+    WORKSPACE = 3
+
+    @property
+    def default_weight(self) -> float:
+        return _DEFAULT_WEIGHTS[self]
+
+
+_DEFAULT_WEIGHTS = {Source.CURRENT_FILE: 8.0, Source.OPEN_BUFFER: 3.0, Source.ACCEPTED: 3.0, Source.WORKSPACE: 1.0}
+
+
+@dataclass(frozen=True)
+class Lookup:
+    match_length: int
+    continuations: list[tuple[tuple[int, ...], int]]   # (tokens that followed, occurrences), most first
+
+
+@dataclass(frozen=True)
+class _View:
+    segments: tuple[Segment, ...] = ()
+
+
+@dataclass
+class _Merge:
+    inputs: list[Segment] = field(default_factory=list)
+
+
+class Datastore:
+    """A token index of many documents that answers `continuations` and follows puts and removes."""
+
+    def __init__(self, *, max_suffix: int = 16, max_matches: int = 1024, continuation_length: int = 10,
+                 max_continuations: int = 128, weights: Mapping[Source, float] | None = None, merge_factor: int = 4,
+                 background_merges: bool = True):
+        if max_suffix < 1 or max_matches < 1 or continuation_length < 1 or merge_factor < 2:
+            raise ValueError("max_suffix, max_matches and continuation_length must be positive, merge_factor >= 2.")
+        self.max_suffix = max_suffix
+        self.max_matches = max_matches
+        self.continuation_length = continuation_length
+        # The decoder keeps ~16 tree nodes; building thousands of tuples it will drop costs milliseconds.
+        self.max_continuations = max_continuations
+        self.merge_factor = merge_factor
+        w = dict(_DEFAULT_WEIGHTS)
+        w.update(weights or {})
+        self._weights = np.array([w[s] for s in Source], dtype=np.float64)   # indexed by Source.value
+        self._view = _View()
+        self._docs: dict[str, tuple[str, int]] = {}    # doc id -> (segment name, doc index in it)
+        self._lock = threading.RLock()                 # writers only
+        self._merging: set[str] = set()                # segment names taken by a running merge
+        self._background = background_merges
+        self._merge_wanted = threading.Condition(self._lock)
+        self._merges_running = 0
+        self._closed = False
+        self._merger: threading.Thread | None = None
+
+    # --- writes ------------------------------------------------------------------------
+    def put(self, doc_id: str, tokens: Sequence[int], source: Source = Source.WORKSPACE) -> None:
+        """Add a document, or replace it (its old tokens are never returned again)."""
+        self.apply([(doc_id, tokens, source)], ())
+
+    def remove(self, doc_id: str) -> None:
+        self.apply((), [doc_id])
+
+    def apply(self, puts: Sequence[tuple[str, Sequence[int], Source]], removes: Iterable[str] = ()) -> None:
+        """Puts and removes as one change: a query sees all of it or none of it."""
+        prepared = [(doc_id, _as_tokens(doc_id, toks), Source(src)) for doc_id, toks, src in puts]
+        seen: dict[str, int] = {}
+        for i, (doc_id, _, _) in enumerate(prepared):
+            seen[doc_id] = i                      # the last put of an id in one batch wins
+        prepared = [prepared[i] for i in sorted(seen.values())]
+        segment = build_segment([(d, t, s.value) for d, t, s in prepared]) if prepared else None
+        with self._lock:
+            dead: dict[str, list[int]] = {}
+            for doc_id in [*removes, *(d for d, _, _ in prepared)]:
+                where = self._docs.pop(doc_id, None)
+                if where is not None:
+                    dead.setdefault(where[0], []).append(where[1])
+            segments = [s.without(dead[s.name]) if s.name in dead else s for s in self._view.segments]
+            if segment is not None:
+                segments.append(segment)
+                for i, doc_id in enumerate(segment.doc_ids):
+                    self._docs[doc_id] = (segment.name, i)
+            self._view = _View(tuple(s for s in segments if s.live_docs or s.name in self._merging))
+            self._want_merge()
+
+    def install(self, segments: Sequence[Segment]) -> None:
+        """Add segments loaded from disk; a document already present here keeps its current version."""
+        with self._lock:
+            added = []
+            for seg in segments:
+                dead = [i for i, d in enumerate(seg.doc_ids) if seg.live[i] and d in self._docs]
+                seg = seg.without(dead) if dead else seg
+                for i, doc_id in enumerate(seg.doc_ids):
+                    if seg.live[i]:
+                        self._docs[doc_id] = (seg.name, i)
+                if seg.live_docs:
+                    added.append(seg)
+            self._view = _View(self._view.segments + tuple(added))
+            self._want_merge()
+
+    # --- reads -------------------------------------------------------------------------
+    def __contains__(self, doc_id: str) -> bool:
+        return doc_id in self._docs
+
+    def doc_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._docs)
+
+    def segments(self) -> tuple[Segment, ...]:
+        return self._view.segments
+
+    def stats(self) -> dict:
+        segs = self._view.segments
+        tokens = sum(s.live_tokens for s in segs)
+        nbytes = sum(s.nbytes for s in segs)
+        return {
+            "documents": sum(s.live_docs for s in segs),
+            "tokens": tokens,
+            "segments": len(segs),
+            "stored_tokens": sum(s.n for s in segs),
+            "bytes": nbytes,
+            "bytes_per_token": nbytes / tokens if tokens else 0.0,
+        }
+
+    def continuations(self, context: Sequence[int]) -> list[Continuation]:
+        """Continuations of the longest context suffix found, weighted by source, heaviest first."""
+        depth, rows, counts, weights = self._query(context)
+        if depth == 0:
+            return []
+        order = np.argsort(-weights, kind="stable")[: self.max_continuations]
+        return [(_strip(r), float(w)) for r, w in zip(rows[order].tolist(), weights[order].tolist())]
+
+    def lookup(self, context: Sequence[int], limit: int | None = None) -> Lookup:
+        """The matched suffix length and the raw occurrence counts of what followed it (all, or the top `limit`)."""
+        depth, rows, counts, _ = self._query(context)
+        if depth == 0:
+            return Lookup(0, [])
+        order = np.argsort(-counts, kind="stable")
+        if limit is not None:
+            order = order[:limit]
+        return Lookup(depth, [(_strip(r), c) for r, c in zip(rows[order].tolist(), counts[order].tolist())])
+
+    def _query(self, context: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+        ctx = list(context[-self.max_suffix:]) if len(context) else []
+        if not ctx or any((not isinstance(t, (int, np.integer))) or t < 0 or t > MAX_TOKEN_ID for t in ctx):
+            return 0, _NO_ROWS, _NO_COUNTS, _NO_WEIGHTS
+        rlist = [int(t) for t in reversed(ctx)]
+        rpattern = np.array(rlist, dtype=np.uint32)
+        hits: list[Hit] = []
+        for seg in self._view.segments:
+            hit = seg.match(rpattern, rlist)
+            if hit is not None:
+                hits.append(hit)
+        if not hits:
+            return 0, _NO_ROWS, _NO_COUNTS, _NO_WEIGHTS
+        depth = max(h.depth for h in hits)
+        hits = [h for h in hits if h.depth == depth]
+        total = sum(h.size for h in hits)
+        rows_all, w_all = [], []
+        steps = np.arange(self.continuation_length)
+        for h in hits:
+            limit = h.size if total <= self.max_matches else max(1, round(self.max_matches * h.size / total))
+            starts, docs = h.sample(limit)
+            seg = h.segment
+            idx = starts[:, None] + steps                 # [occ, L]
+            np.minimum(idx, seg.n - 1, out=idx)           # tokens[n-1] is SEP
+            toks = seg.tokens[idx]
+            ended = np.logical_or.accumulate(toks == SEP, axis=1)
+            rows = toks.astype(np.uint64) + 1             # 0 pads what lies past the end of a document
+            rows[ended] = 0
+            keep = rows[:, 0] > 0                         # a match at the very end of a document continues with nothing
+            rows_all.append(rows[keep])
+            w_all.append(self._weights[seg.sources[docs[keep]]])
+        rows = np.concatenate(rows_all)
+        if rows.shape[0] == 0:
+            return depth, _NO_ROWS, _NO_COUNTS, _NO_WEIGHTS
+        uniq, inverse, counts = _group_rows(rows)
+        weights = np.bincount(inverse, weights=np.concatenate(w_all), minlength=uniq.shape[0])
+        return depth, uniq, counts, weights
+
+    # --- merges ------------------------------------------------------------------------
+    def merge_all(self) -> None:
+        """Merge every segment into one now (drops dead documents); queries keep running meanwhile."""
+        self.wait_for_merges()
+        with self._lock:
+            inputs = [s for s in self._view.segments if s.name not in self._merging]
+            if len(inputs) < 2 and all(s.all_live for s in inputs):
+                return
+            self._merging.update(s.name for s in inputs)
+            self._merges_running += 1
+        self._run_merge(inputs)
+
+    def wait_for_merges(self, timeout: float | None = None) -> bool:
+        """Block until no merge is running or wanted; True if so within `timeout`."""
+        with self._lock:
+            return self._merge_wanted.wait_for(
+                lambda: self._merges_running == 0 and (not self._background or not self._pick_merge()), timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._merge_wanted.notify_all()
+        if self._merger is not None:
+            self._merger.join()
+
+    def _tier(self, seg: Segment) -> int:
+        # Segments within a factor `merge_factor` of each other share a tier (Lucene's tiered policy).
+        return int(math.log(max(seg.live_tokens, 1) / 1024 + 1, self.merge_factor))
+
+    def _pick_merge(self) -> list[Segment]:
+        free = [s for s in self._view.segments if s.name not in self._merging]
+        tiers: dict[int, list[Segment]] = {}
+        for s in free:
+            if s.live_tokens * 2 < s.n - s.doc_count - 1 and s.n > 4096:
+                return [s]           # mostly tombstones: rewrite it alone
+            tiers.setdefault(self._tier(s), []).append(s)
+        for tier in sorted(tiers):
+            if len(tiers[tier]) >= self.merge_factor:
+                return tiers[tier][: self.merge_factor]
+        return []
+
+    def _want_merge(self) -> None:
+        if not self._background or self._closed:
+            return
+        if self._merger is None:
+            self._merger = threading.Thread(target=self._merge_loop, name="datastore-merge", daemon=True)
+            self._merger.start()
+        self._merge_wanted.notify_all()
+
+    def _merge_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._merge_wanted.wait_for(lambda: self._closed or bool(self._pick_merge()))
+                if self._closed:
+                    return
+                inputs = self._pick_merge()
+                self._merging.update(s.name for s in inputs)
+                self._merges_running += 1
+            try:
+                self._run_merge(inputs)
+            except Exception:       # a failed merge loses nothing: its inputs stay in the view
+                log.exception("segment merge failed")
+
+    def _run_merge(self, inputs: list[Segment]) -> None:
+        try:
+            docs = [(seg.doc_ids[i], seg.doc_tokens(i), int(seg.sources[i]))
+                    for seg in inputs for i in range(seg.doc_count) if seg.live[i]]
+            merged = build_segment(docs) if docs else None
+            with self._lock:
+                names = {s.name for s in inputs}
+                segments = [s for s in self._view.segments if s.name not in names]
+                if merged is not None:
+                    # Documents replaced or removed while the merge ran stay dead in the result.
+                    sources = {(s.name, i): None for s in inputs for i in range(s.doc_count)}
+                    dead = []
+                    for i, doc_id in enumerate(merged.doc_ids):
+                        where = self._docs.get(doc_id)
+                        if where is not None and where in sources:
+                            self._docs[doc_id] = (merged.name, i)
+                        else:
+                            dead.append(i)
+                    if dead:
+                        merged = merged.without(dead)
+                    if merged.live_docs:
+                        segments.append(merged)
+                self._view = _View(tuple(segments))
+        finally:
+            with self._lock:
+                self._merging.difference_update(s.name for s in inputs)
+                self._merges_running -= 1
+                self._merge_wanted.notify_all()
+
+
+_NO_ROWS = np.zeros((0, 1), dtype=np.uint64)
+_HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
+_NO_COUNTS = np.zeros(0, dtype=np.int64)
+_NO_WEIGHTS = np.zeros(0, dtype=np.float64)
+
+
+def _group_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct rows, each row's group, group sizes. Hashing first is ~5x faster than np.unique(axis=0)."""
+    powers = _HASH_BASE ** np.arange(rows.shape[1], 0, -1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = (rows * powers).sum(axis=1, dtype=np.uint64)          # wraps modulo 2**64
+    order = np.argsort(h)
+    hs = h[order]
+    new_group = np.empty(hs.shape[0], dtype=bool)
+    new_group[0] = True
+    np.not_equal(hs[1:], hs[:-1], out=new_group[1:])
+    group_starts = np.flatnonzero(new_group)
+    counts = np.diff(np.append(group_starts, hs.shape[0]))
+    inverse = np.empty_like(order)
+    inverse[order] = np.cumsum(new_group) - 1
+    uniq = rows[order[group_starts]]
+    if not np.array_equal(uniq[inverse], rows):       # a 64-bit collision: group exactly instead
+        uniq, inverse, counts = np.unique(rows, axis=0, return_inverse=True, return_counts=True)
+    return uniq, inverse.ravel(), counts
+
+
+def _strip(row: list[int]) -> tuple[int, ...]:
+    # Rows hold token + 1, and 0 past the end of the document.
+    return tuple(t - 1 for t in row if t)
+
+
+def _as_tokens(doc_id: str, tokens: Sequence[int]) -> np.ndarray:
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or (arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > MAX_TOKEN_ID)):
+        raise ValueError(f"Document {doc_id!r} must be a flat sequence of token ids between 0 and {MAX_TOKEN_ID}.")
+    return arr.astype(np.uint32, copy=False)
