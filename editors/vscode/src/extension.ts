@@ -13,7 +13,7 @@ import {
   State,
 } from "vscode-languageclient/node";
 import { classifyChange, documentSelector, readSettings, RestLspSettings, serverLaunch, serverOptions } from "./settings";
-import { formatStats, speedFromStats } from "./stats";
+import { formatStats, modelSettled, speedFromStats, stateFromStats } from "./stats";
 import { ProgressTracker, ServerState, Speed, statusText } from "./status";
 
 const SECTION = "restLsp";
@@ -22,6 +22,7 @@ const SERVER_STATS = "rest-lsp.stats";
 // Items' accept commands are routed through this one, so that the acceptance reaches the server even if it did
 // not list its commands in `executeCommandProvider`, and so that the status bar refreshes after it.
 const FORWARD_ACCEPT = "restLsp.accept";
+const MODEL_POLL_MS = 1000;
 
 class RestLspExtension implements vscode.Disposable {
   private client: LanguageClient | undefined;
@@ -114,7 +115,7 @@ class RestLspExtension implements vscode.Disposable {
     this.output.info(`[client] starting: ${launch.command} ${launch.args.join(" ")}`);
     try {
       await client.start();
-      if (this.state.kind === "starting") this.setState({ kind: "ready" });
+      void this.watchModel(client);
     } catch (err) {
       const message = err instanceof Error ? err.message : String(err);
       this.output.error(`[client] the server did not start: ${message}`);
@@ -185,12 +186,28 @@ class RestLspExtension implements vscode.Disposable {
     return client.sendRequest(ExecuteCommandRequest.type, { command: SERVER_STATS, arguments: [] }, token);
   }
 
+  // The server loads its model in the background after `initialize`: ask until it is loaded or has failed.
+  private async watchModel(client: LanguageClient): Promise<void> {
+    while (this.client === client && client.isRunning()) {
+      try {
+        const stats = await this.stats();
+        this.setState(stateFromStats(this.state, stats));
+        if (modelSettled(stats)) return;
+      } catch (err) {
+        this.output.warn(`[client] ${SERVER_STATS} failed: ${err instanceof Error ? err.message : err}`);
+        return;
+      }
+      await new Promise((resolve) => setTimeout(resolve, MODEL_POLL_MS));
+    }
+  }
+
   private async refreshSpeed(): Promise<void> {
     if (this.statsInFlight) return;
     this.statsInFlight = true;
     try {
-      this.speed = speedFromStats(await this.stats());
-      this.render();
+      const stats = await this.stats();
+      this.speed = speedFromStats(stats);
+      this.setState(stateFromStats(this.state, stats));
     } catch (err) {
       this.output.warn(`[client] ${SERVER_STATS} failed: ${err instanceof Error ? err.message : err}`);
     } finally {
@@ -206,7 +223,7 @@ class RestLspExtension implements vscode.Disposable {
     try {
       const stats = await this.stats();
       this.speed = speedFromStats(stats);
-      this.render();
+      this.setState(stateFromStats(this.state, stats));
       const lines = formatStats(stats);
       this.output.info(`[stats] ${lines.join("; ")}`);
       void vscode.window.showInformationMessage("REST LSP stats", { modal: true, detail: lines.join("\n") });
@@ -237,6 +254,8 @@ class RestLspExtension implements vscode.Disposable {
         const client = this.client;
         if (client?.isRunning()) {
           await client.sendNotification(DidChangeConfigurationNotification.type, { settings: serverOptions(after) });
+          // A new model, device or dtype is loaded again: show "starting" until it is.
+          void this.watchModel(client);
         }
         break;
       }

@@ -27,7 +27,7 @@ export const DEFAULT_SETTINGS: RestLspSettings = {
   dtype: "",
   maxNewTokens: 64,
   budget: 16,
-  debounceMs: 150,
+  debounceMs: 20,
   ignore: [],
   languages: ["*"],
   showInSuggestList: false,
@@ -126,19 +126,20 @@ export function serverLaunch(s: RestLspSettings): Launch {
   return { command: s.serverCommand, args: ["--stdio", ...s.extraArgs] };
 }
 
-/** The server's settings object, sent as `initializationOptions` and on every configuration change.
- *  Empty strings are left out so that the server keeps its own default. */
+/** The server's settings object (rest_lsp/settings.py names), sent as `initializationOptions` and on every
+ *  configuration change. An empty string becomes null, the server's "use your default", so that clearing a
+ *  setting in VS Code also clears it in a running server. */
 export function serverOptions(s: RestLspSettings): Record<string, unknown> {
-  const out: Record<string, unknown> = {
+  const orNull = (x: string) => (x === "" ? null : x);
+  return {
+    model: orNull(s.model),
+    device: orNull(s.device),
+    dtype: orNull(s.dtype),
     max_new_tokens: s.maxNewTokens,
-    budget: s.budget,
-    ignore: s.ignore,
+    draft_budget: s.budget,
     debounce_ms: s.debounceMs,
+    ignore: s.ignore,
   };
-  if (s.model !== "") out.model = s.model;
-  if (s.device !== "") out.device = s.device;
-  if (s.dtype !== "") out.dtype = s.dtype;
-  return out;
 }
 
 export interface DocumentFilter {

@@ -1,7 +1,7 @@
 // Reading the answer of the server's `rest-lsp.stats` command.
 // No `vscode` import here: node:test checks this module without VS Code.
 
-import type { Speed } from "./status";
+import type { ServerState, Speed } from "./status";
 
 // The keys of `rest-lsp.stats` that the status bar shows (see rest_lsp/server.py).
 export const STAT_KEYS = {
@@ -43,4 +43,23 @@ export function formatStats(stats: unknown): string[] {
   };
   walk(stats, "");
   return lines.length ? lines : ["The server has no stats yet."];
+}
+
+/** The state that the stats' `ready` and `load_error` imply: a model that failed to load is an error, a model
+ *  still loading means "starting", a loaded one ends "starting". Indexing progress and "off" are kept. */
+export function stateFromStats(current: ServerState, stats: unknown): ServerState {
+  if (!isRecord(stats) || current.kind === "off") return current;
+  const error = stats.load_error;
+  if (typeof error === "string" && error !== "") {
+    return { kind: "error", message: `The model did not load: ${error}` };
+  }
+  if (stats.ready === false) return current.kind === "indexing" ? current : { kind: "starting" };
+  if (stats.ready === true && (current.kind === "starting" || current.kind === "error")) return { kind: "ready" };
+  return current;
+}
+
+/** Whether the stats say the model is loaded or has failed to load (so there is nothing more to wait for). */
+export function modelSettled(stats: unknown): boolean {
+  if (!isRecord(stats)) return true;
+  return stats.ready !== false || (typeof stats.load_error === "string" && stats.load_error !== "");
 }

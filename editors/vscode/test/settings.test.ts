@@ -82,16 +82,24 @@ test("a Python interpreter runs the module, with extra arguments after --stdio",
   });
 });
 
-test("server options use the server's names and leave empty strings to the server", () => {
-  assert.deepEqual(serverOptions(DEFAULT_SETTINGS), { max_new_tokens: 64, budget: 16, ignore: [], debounce_ms: 150 });
-  assert.deepEqual(serverOptions(withSettings({ model: "m.gguf", device: "cuda:1", dtype: "float16", ignore: ["x"] })), {
+test("server options use the server's names, and null for what the server should choose", () => {
+  assert.deepEqual(serverOptions(DEFAULT_SETTINGS), {
+    model: null,
+    device: null,
+    dtype: null,
     max_new_tokens: 64,
-    budget: 16,
-    ignore: ["x"],
-    debounce_ms: 150,
+    draft_budget: 16,
+    debounce_ms: 20,
+    ignore: [],
+  });
+  assert.deepEqual(serverOptions(withSettings({ model: "m.gguf", device: "cuda:1", dtype: "float16", ignore: ["x"] })), {
     model: "m.gguf",
     device: "cuda:1",
     dtype: "float16",
+    max_new_tokens: 64,
+    draft_budget: 16,
+    debounce_ms: 20,
+    ignore: ["x"],
   });
 });
 

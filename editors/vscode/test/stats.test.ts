@@ -1,6 +1,6 @@
 import { strict as assert } from "node:assert";
 import { test } from "node:test";
-import { formatStats, speedFromStats, STAT_KEYS } from "../src/stats";
+import { formatStats, modelSettled, speedFromStats, STAT_KEYS, stateFromStats } from "../src/stats";
 
 test("the speed comes from the stats keys the server sends", () => {
   const stats = {
@@ -46,4 +46,35 @@ test("stats are formatted one field a line, in order, nested ones with dots", ()
 test("an answer that is not an object is reported, not thrown", () => {
   assert.match(formatStats("oops")[0], /not a stats object: "oops"/);
   assert.deepEqual(formatStats({}), ["The server has no stats yet."]);
+});
+
+test("the model's state in the stats moves the status", () => {
+  const starting = { kind: "starting" } as const;
+  const ready = { kind: "ready" } as const;
+  assert.deepEqual(stateFromStats(starting, { ready: false, load_error: null }), starting);
+  assert.deepEqual(stateFromStats(starting, { ready: true, load_error: null }), ready);
+  assert.deepEqual(stateFromStats(ready, { ready: false, load_error: null }), starting);
+  assert.deepEqual(stateFromStats(ready, { ready: false, load_error: "No model at /x.gguf." }), {
+    kind: "error",
+    message: "The model did not load: No model at /x.gguf.",
+  });
+  // a server that failed to load and then loaded a new model (settings changed) is ready again
+  assert.deepEqual(stateFromStats({ kind: "error", message: "old" }, { ready: true, load_error: null }), ready);
+});
+
+test("indexing and off are kept, and an answer without the fields changes nothing", () => {
+  const indexing = { kind: "indexing", title: "Indexing src", percentage: 30 } as const;
+  assert.deepEqual(stateFromStats(indexing, { ready: false }), indexing);
+  assert.deepEqual(stateFromStats(indexing, { ready: true }), indexing);
+  assert.deepEqual(stateFromStats({ kind: "off" }, { ready: true }), { kind: "off" });
+  assert.deepEqual(stateFromStats({ kind: "ready" }, {}), { kind: "ready" });
+  assert.deepEqual(stateFromStats({ kind: "ready" }, "nonsense"), { kind: "ready" });
+});
+
+test("the model is settled once loaded or failed; an answer without `ready` is not waited on", () => {
+  assert.equal(modelSettled({ ready: false, load_error: null }), false);
+  assert.equal(modelSettled({ ready: true, load_error: null }), true);
+  assert.equal(modelSettled({ ready: false, load_error: "out of memory" }), true);
+  assert.equal(modelSettled({ documents: 3 }), true);
+  assert.equal(modelSettled(null), true);
 });
