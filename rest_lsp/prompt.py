@@ -80,30 +80,26 @@ def _prefix_window(hf_tokenizer: Any, before: str, budget: int) -> tuple[str, li
     if budget <= 0:
         return "", []
     start = max(0, len(before) - budget * CHARS_PER_TOKEN)
-    if start > 0:
-        start = before.find("\n", start) + 1 or len(before)
     ids, offsets = _offsets(hf_tokenizer, before[start:])
-    if len(ids) <= budget and start == 0:
-        return before, ids
     if len(ids) > budget:
-        # First character the budget allows, then snap forward to a grid line start.
-        need = start + offsets[len(ids) - budget][0]
+        need = start + offsets[len(ids) - budget][0]  # first character the budget allows
+    elif start == 0:
+        return before, ids
     else:
         need = start
     line = before.count("\n", 0, need)
     if need > 0 and before[need - 1] != "\n":
         line += 1  # `need` is mid-line: the first whole line is the next one
-    grid_line = -(-line // LINE_GRID) * LINE_GRID
-    cut = _line_start(before, grid_line, need)
+    cut = _line_start(before, -(-line // LINE_GRID) * LINE_GRID, need)
     if cut is None or cut >= len(before):  # too few lines left: the next line start will do
         cut = _line_start(before, line, need)
     if cut is None or cut >= len(before):
         cut = need  # one huge line: cut mid-line
     window = before[cut:]
-    ids = hf_tokenizer(window, add_special_tokens=False)["input_ids"]
+    ids = list(hf_tokenizer(window, add_special_tokens=False)["input_ids"])
     if len(ids) > budget:  # retokenizing merged differently: the tail is always valid
         ids = ids[-budget:]
-    return window, list(ids)
+    return window, ids
 
 
 def _line_start(text: str, line: int, at_least: int) -> int | None:

@@ -1,0 +1,85 @@
+"""Small real models for the language-server tests (imported by tests/test_server*.py,
+test_completion*.py, test_prompt.py).
+
+Both use the default model's real tokenizer and are saved as ordinary model folders,
+so they go through the same `load_model` path as any user model, in well under a second:
+  - `random`: a 2-layer Llama with seeded random weights (some greedy continuation);
+  - `constant`: a model that writes "x" after anything, forever: a completion that only
+    ends at max_new_tokens (for cancellation tests).
+They are built once and kept in pytest's cache folder.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CAPABILITIES = REPO / "tests" / "data"
+VERSION = "1"  # bump when the recipe below changes
+
+
+def _tokenizer(cache: Path):
+    from transformers import AutoTokenizer
+
+    folder = cache / "tokenizer"
+    if not (folder / "tokenizer_config.json").is_file():
+        from rest_lsp.model import DEFAULT_MODEL
+
+        gguf = Path(DEFAULT_MODEL)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+        tok.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def _build(kind: str, folder: Path, tok) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+        tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    if kind == "constant":
+        # Every token embeds to the same vector and no layer adds anything to the residual
+        # stream, so the last hidden state is the same after any context; the head maps it to "x".
+        x = tok.convert_tokens_to_ids("x")
+        with torch.no_grad():
+            model.model.embed_tokens.weight.fill_(1.0)
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+            model.lm_head.weight.zero_()
+            model.lm_head.weight[x] = 1.0
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+def tiny_model_dirs(cache: Path) -> dict[str, Path]:
+    cache.mkdir(parents=True, exist_ok=True)
+    tok = None
+    out = {}
+    for kind in ("random", "constant"):
+        folder = cache / f"{kind}-v{VERSION}"
+        if not (folder / "config.json").is_file():
+            tok = tok or _tokenizer(cache)
+            _build(kind, folder, tok)
+        out[kind] = folder
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_models(request) -> dict[str, Path]:
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    folder = cache.mkdir("rest-lsp-tiny-models") if cache else Path(tempfile.gettempdir()) / "rest-lsp-tiny-models"
+    return tiny_model_dirs(Path(folder))
+
+
+def server_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rest_lsp.server", "--stdio", *args]
