@@ -4,6 +4,8 @@ Datastore: segments + tombstones + merges, thread-safe, a DraftSource.
 WorkspaceIndex: walks, watches and persists a workspace into a Datastore.
 """
 
+from .indexer import WorkspaceIndex
+from .persist import default_cache_dir
 from .store import Continuation, Datastore, Lookup, Source
 
-__all__ = ["Continuation", "Datastore", "Lookup", "Source"]
+__all__ = ["Continuation", "Datastore", "Lookup", "Source", "WorkspaceIndex", "default_cache_dir"]

@@ -1,0 +1,112 @@
+"""Which workspace paths are not indexed: git's ignore files plus folders no one wants drafts from.
+
+Git's rule: the deepest .gitignore with a matching pattern decides (its last match wins), then the
+shallower ones, then .git/info/exclude. A folder that is ignored hides everything below it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import pathspec
+
+log = logging.getLogger(__name__)
+
+# Version control, virtual environments, dependency and build folders, tool caches.
+ALWAYS_SKIPPED_DIRS = frozenset({
+    ".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", "target",
+    ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis", ".eggs", ".cache",
+})
+
+
+class IgnoreRules:
+    """Answers `ignored(relative_posix_path, is_dir)` for one workspace root; thread-safe."""
+
+    def __init__(self, root: Path, extra: Sequence[str] = ()):
+        self.root = root
+        self._extra = pathspec.GitIgnoreSpec.from_lines(list(extra)) if extra else None
+        self._specs: dict[str, pathspec.GitIgnoreSpec | None] = {}
+        self._dirs: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def invalidate(self) -> None:
+        """Forget cached ignore files (call when a .gitignore or .git/info/exclude changes)."""
+        with self._lock:
+            self._specs.clear()
+            self._dirs.clear()
+
+    def ignored(self, rel: str, is_dir: bool) -> bool:
+        """True if `rel` or any folder above it is excluded."""
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            if self._dir_ignored("/".join(parts[:i])):
+                return True
+        return self._dir_ignored(rel) if is_dir else self._self_ignored(rel, False)
+
+    def _dir_ignored(self, rel: str) -> bool:
+        with self._lock:
+            cached = self._dirs.get(rel)
+        if cached is None:
+            name = rel.rsplit("/", 1)[-1]
+            cached = (name in ALWAYS_SKIPPED_DIRS or name.endswith(".egg-info")
+                      or (self.root / rel / "pyvenv.cfg").exists()      # any virtual environment
+                      or self._self_ignored(rel, True))
+            with self._lock:
+                self._dirs[rel] = cached
+        return cached
+
+    def _self_ignored(self, rel: str, is_dir: bool) -> bool:
+        suffix = "/" if is_dir else ""
+        if self._extra is not None and self._extra.check_file(rel + suffix).include is not None:
+            return bool(self._extra.check_file(rel + suffix).include)
+        parts = rel.split("/")
+        for depth in range(len(parts) - 1, -1, -1):        # deepest .gitignore first
+            base = "/".join(parts[:depth])
+            spec = self._spec(base)
+            if spec is None:
+                continue
+            verdict = spec.check_file("/".join(parts[depth:]) + suffix).include
+            if verdict is not None:
+                return verdict
+        exclude = self._spec(".git/info/exclude")
+        if exclude is not None:
+            verdict = exclude.check_file(rel + suffix).include
+            if verdict is not None:
+                return verdict
+        return False
+
+    def _spec(self, base: str) -> pathspec.GitIgnoreSpec | None:
+        with self._lock:
+            if base in self._specs:
+                return self._specs[base]
+        if base == ".git/info/exclude":
+            path = self.root / ".git" / "info" / "exclude"
+        else:
+            path = self.root / base / ".gitignore"
+        spec = None
+        try:
+            if path.is_file() and not path.is_symlink():
+                spec = pathspec.GitIgnoreSpec.from_lines(path.read_text("utf-8", errors="replace").splitlines())
+        except (OSError, ValueError) as err:
+            log.warning("Ignoring unreadable ignore file %s: %s", path, err)
+        with self._lock:
+            self._specs[base] = spec
+        return spec
+
+
+def is_ignore_file(rel: str) -> bool:
+    return rel == ".git/info/exclude" or rel.rsplit("/", 1)[-1] == ".gitignore"
+
+
+def relative(root: Path, path: str) -> str | None:
+    """`path` relative to `root` in POSIX form, or None if it lies outside (symlinks count as outside)."""
+    root_s = str(root)
+    if path != root_s and not path.startswith(root_s + os.sep):
+        return None
+    if os.path.realpath(path) != path:                     # a symlink somewhere on the way
+        return None
+    return path[len(root_s) + 1:].replace(os.sep, "/") if path != root_s else ""
