@@ -147,7 +147,7 @@ class CompletionService:
         # stats
         self._served = 0
         self._decoded = 0
-        self._type_through = 0
+        self._type_through_count = 0
         self._cancelled = 0
         self._gen_tokens = 0
         self._gen_steps = 0
@@ -405,7 +405,7 @@ class CompletionService:
             typed = job.before[len(shown.before):]
             if typed and shown.text.startswith(typed) and shown.text[len(typed):].strip():
                 self._served += 1
-                self._type_through += 1
+                self._type_through_count += 1
                 latency = (time.perf_counter() - job.submitted) * 1e3
                 self._last_latency_ms = latency
                 return Completion(shown.text[len(typed):], shown.id, 0, 0, latency, "type-through")
@@ -525,7 +525,7 @@ class CompletionService:
                 "tokens": int(store.get("tokens", 0)),
                 "completions_served": self._served,
                 "completions_decoded": self._decoded,
-                "type_through": self._type_through,
+                "type_through": self._type_through_count,
                 "cancelled": self._cancelled,
                 "mean_tokens_per_step": self._gen_tokens / self._gen_steps if self._gen_steps else None,
                 "mean_ms_per_token": self._decode_ms / self._gen_tokens if self._gen_tokens else None,

@@ -1,0 +1,109 @@
+"""The completion service without LSP: greedy equality, type-through, latest-wins, feedback."""
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest_server import tiny_models  # noqa: F401  (fixture)
+from rest_lsp.completion import CompletionService, finish_text
+from rest_lsp.postprocess import stop_context
+from rest_lsp.prompt import build_prompt
+from rest_lsp.settings import Settings
+
+BEFORE = "def add(a, b):\n    return a + b\n\nresult = add("
+AFTER = ")\nprint(result)\n"
+
+
+@pytest.fixture(scope="module")
+def service(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ws")
+    (root / "lib.py").write_text("def frobnicate_widget(count):\n    return count * 7\n")
+    settings = Settings(model=str(tiny_models["random"]), max_new_tokens=12, debounce_ms=0,
+                        cache_dir=str(tmp_path_factory.mktemp("cache")))
+    svc = CompletionService(settings)
+    svc.start([root])
+    assert svc.wait_ready(120), svc.load_error
+    assert svc.wait_indexed(60)
+    yield svc
+    svc.close()
+
+
+def greedy(model_dir: Path, before: str, after: str, n: int) -> str:
+    """The reference: transformers' own greedy generate on the same prompt, same post-processing."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    prompt = build_prompt(hf, before, after, budget=1024, fim=None)
+    out = model.generate(torch.tensor([prompt.ids]), max_new_tokens=n, do_sample=False)[0, len(prompt.ids):]
+    return finish_text(hf.decode(out.tolist(), skip_special_tokens=True), stop_context(before, after))
+
+
+def test_completion_is_the_greedy_continuation_then_type_through(service, tiny_models):
+    text = BEFORE + AFTER
+    c = service.submit("mem://a.py", text, len(BEFORE)).future.result(60)
+    assert c is not None and c.source == "model"
+    assert c.text == greedy(tiny_models["random"], BEFORE, AFTER, 12)
+    # the user types the first characters of the suggestion: the rest comes back without decoding
+    typed = c.text[:3]
+    t = service.submit("mem://a.py", BEFORE + typed + AFTER, len(BEFORE) + 3).future.result(5)
+    assert t is not None and t.source == "type-through" and t.text == c.text[3:]
+    stats = service.stats()
+    assert stats["completions_served"] >= 2 and stats["type_through"] >= 1
+    assert stats["mean_tokens_per_step"] >= 1 and stats["last_latency_ms"] is not None
+
+
+def test_workspace_file_and_accepted_text_become_drafts(service):
+    assert service.stats()["documents"] >= 1
+    assert any(t.startswith("(count") for t, _ in service.drafts("def frobnicate_widget"))
+    assert service.accept(None, "zebra_quux_total = compute_zebra(limit=99)")
+    assert any("(limit=99" in t for t, _ in service.drafts("zebra_quux_total = compute_zebra"))
+
+
+def test_open_buffer_replaces_and_close_restores(service, tmp_path):
+    doc = str(tmp_path / "buf.py")
+    service.open_buffer(doc, "snark_value = hunt_the_snark(fit=8)\n")
+    deadline = time.monotonic() + 10
+    while not service.drafts("snark_value = hunt_the_snark") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("(fit=8" in t for t, _ in service.drafts("snark_value = hunt_the_snark"))
+    service.close_buffer(doc)  # not in the workspace: it leaves the datastore
+    while service.drafts("snark_value = hunt_the_snark") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert service.drafts("snark_value = hunt_the_snark") == []
+
+
+def test_latest_request_wins(tiny_models):
+    settings = Settings(model=str(tiny_models["constant"]), max_new_tokens=2000, draft_budget=0,
+                        debounce_ms=0, index_workspace=False)
+    svc = CompletionService(settings)
+    try:
+        svc.start([])
+        assert svc.wait_ready(120), svc.load_error
+        first = svc.submit("mem://b.py", "x = ", 4)
+        time.sleep(0.5)  # decoding has started
+        svc.update_settings(Settings(**{**settings.__dict__, "max_new_tokens": 4}))
+        t0 = time.perf_counter()
+        second = svc.submit("mem://b.py", "y = ", 4)
+        assert first.future.result(10) is None  # stopped between steps, nothing shown
+        c = second.future.result(30)
+        assert c is not None and c.text == "xxxx"
+        assert time.perf_counter() - t0 < 10  # 2000 tokens would take far longer
+        assert svc.stats()["cancelled"] == 1
+    finally:
+        svc.close()
+
+
+def test_requests_before_the_model_is_ready_and_a_model_that_fails(tmp_path):
+    svc = CompletionService(Settings(model=str(tmp_path / "missing"), index_workspace=False))
+    try:
+        assert svc.submit("mem://c.py", "x = ", 4).future.result(1) is None  # not started: empty, no error
+        svc.start([])
+        assert not svc.wait_ready(60)
+        assert "missing" in svc.load_error
+        assert svc.submit("mem://c.py", "x = ", 4).future.result(1) is None
+        assert svc.stats()["load_error"] == svc.load_error
+    finally:
+        svc.close()
