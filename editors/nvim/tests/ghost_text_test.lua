@@ -39,7 +39,7 @@ local child = H.spawn({
   filetypes = { "python" },
   ghost = "plugin", -- this test is about the plugin's own ghost text (the 0.11 path)
   debounce_ms = 30,
-  settings = { max_new_tokens = 24, cache_dir = root .. "/.cache" },
+  settings = { max_new_tokens = 24, cache_dir = vim.fn.tempname() }, -- the index stays out of the workspace
 }, root)
 
 H.lua(child, "vim.cmd.edit(...)", root .. "/main.py")

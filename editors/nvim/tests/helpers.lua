@@ -2,13 +2,14 @@
 -- `--embed`, over RPC, the way a user's keystrokes would (nvim_input), with the plugin and the real server.
 --
 -- Environment:
---   REST_LSP_SERVER   the server command, space-separated (default: "rest-lsp --stdio")
+--   REST_LSP_SERVER   the server command: space-separated, or a JSON list (default: "rest-lsp --stdio")
 --   REST_LSP_TIMEOUT  seconds to wait for the model to load (default 180)
 
 local H = {}
 
 H.plugin_dir = vim.fs.dirname(vim.fs.dirname(vim.fs.normalize(vim.fn.fnamemodify(debug.getinfo(1, "S").source:sub(2), ":p"))))
-H.server_cmd = vim.split(os.getenv("REST_LSP_SERVER") or "rest-lsp --stdio", " ", { trimempty = true })
+local server = os.getenv("REST_LSP_SERVER") or "rest-lsp --stdio"
+H.server_cmd = vim.startswith(server, "[") and vim.json.decode(server) or vim.split(server, " ", { trimempty = true })
 H.load_timeout_ms = (tonumber(os.getenv("REST_LSP_TIMEOUT")) or 180) * 1000
 
 local failures = 0

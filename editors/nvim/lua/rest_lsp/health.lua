@@ -86,6 +86,7 @@ local function roots(config, rest)
 end
 
 local function check_running(rest)
+  health.start("rest-lsp: running server")
   local client = vim.lsp.get_clients({ name = rest.CLIENT_NAME })[1]
   if not client then
     health.info("The server is not running in this Neovim (it starts when a file of a configured filetype opens).")
