@@ -251,6 +251,8 @@ def run(args: argparse.Namespace) -> int:
     handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
     logging.basicConfig(level=args.log_level, handlers=[handler],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "DEBUG":  # pygls logs every message at INFO
+        logging.getLogger("pygls").setLevel(logging.WARNING)
     server = create_server(Settings.from_args(args))
     if args.tcp:
         host, _, port = args.tcp.rpartition(":")

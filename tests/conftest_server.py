@@ -83,3 +83,21 @@ def tiny_models(request) -> dict[str, Path]:
 
 def server_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "rest_lsp.server", "--stdio", *args]
+
+
+def greedy(model_dir: Path, before: str, after: str, n: int, budget: int = 1024) -> str:
+    """The reference completion: transformers' own greedy `generate` on the same prompt, then the
+    same post-processing (prefix-only models)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rest_lsp.completion import finish_text
+    from rest_lsp.postprocess import stop_context
+    from rest_lsp.prompt import build_prompt
+
+    hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, local_files_only=True)
+    prompt = build_prompt(hf, before, after, budget=budget, fim=None)
+    out = model.generate(torch.tensor([prompt.ids]), attention_mask=torch.ones(1, len(prompt.ids), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False)[0, len(prompt.ids):]
+    return finish_text(hf.decode(out.tolist(), skip_special_tokens=True), stop_context(before, after))

@@ -4,12 +4,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-
-from conftest_server import tiny_models  # noqa: F401  (fixture)
-from rest_lsp.completion import CompletionService, finish_text
-from rest_lsp.postprocess import stop_context
-from rest_lsp.prompt import build_prompt
+from conftest_server import greedy, tiny_models  # noqa: F401  (fixture)
+from rest_lsp.completion import CompletionService
 from rest_lsp.settings import Settings
 
 BEFORE = "def add(a, b):\n    return a + b\n\nresult = add("
@@ -28,17 +24,6 @@ def service(tiny_models, tmp_path_factory):
     assert svc.wait_indexed(60)
     yield svc
     svc.close()
-
-
-def greedy(model_dir: Path, before: str, after: str, n: int) -> str:
-    """The reference: transformers' own greedy generate on the same prompt, same post-processing."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    hf = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    prompt = build_prompt(hf, before, after, budget=1024, fim=None)
-    out = model.generate(torch.tensor([prompt.ids]), max_new_tokens=n, do_sample=False)[0, len(prompt.ids):]
-    return finish_text(hf.decode(out.tolist(), skip_special_tokens=True), stop_context(before, after))
 
 
 def test_completion_is_the_greedy_continuation_then_type_through(service, tiny_models):

@@ -1,0 +1,251 @@
+"""The language server end to end over stdio (pytest-lsp), with the captured VS Code and
+Neovim client capabilities and small real models (see conftest_server.py)."""
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+from pygls.exceptions import JsonRpcRequestCancelled
+from pytest_lsp import client_capabilities, make_test_lsp_client
+
+from conftest_server import greedy, server_command, tiny_models  # noqa: F401  (fixture)
+from rest_lsp.server import ACCEPT_COMMAND, DRAFTS_COMMAND, STATS_COMMAND
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+BEFORE = "def scale(values, factor):\n    return [v * factor for v in values]\n\ntotal = scale("
+AFTER = ")\nprint(total)\n"
+MAX_NEW = 12
+
+
+def capabilities(name: str) -> types.ClientCapabilities:
+    caps = client_capabilities(name)
+    # neither capture advertises inline completion (VS Code added it later, Neovim 0.12)
+    caps.text_document.inline_completion = types.InlineCompletionClientCapabilities()
+    return caps
+
+
+async def start(command, root: Path, client_name: str, options: dict):
+    client = make_test_lsp_client()
+    await client.start_io(*command)
+    result = await client.initialize_session(types.InitializeParams(
+        capabilities=capabilities(client_name),
+        workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)],
+        initialization_options=options,
+    ))
+    return client, result
+
+
+async def command(client, name: str, *args):
+    return await client.workspace_execute_command_async(types.ExecuteCommandParams(command=name, arguments=list(args)))
+
+
+async def wait_until(check, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(0.1)
+
+
+def open_doc(client, uri: str, text: str, version: int = 1):
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text)))
+
+
+def inline(client, uri: str, line: int, character: int, **kw):
+    return client.text_document_inline_completion_async(types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=line, character=character),
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)), **kw)
+
+
+def cursor_at_end(text: str) -> tuple[int, int]:
+    lines = text.split("\n")
+    return len(lines) - 1, len(lines[-1])
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["visual-studio-code", "neovim"])
+async def session(request, tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("workspace")
+    (root / "util.py").write_text("def frobnicate_widget(count):\n    return count * 7\n")
+    options = {"model": str(tiny_models["random"]), "maxNewTokens": MAX_NEW, "debounceMs": 0,
+               "cacheDir": str(tmp_path_factory.mktemp("cache"))}
+    client, result = await start(server_command(), root, request.param, options)
+    stats = await wait_until(lambda: _ready(client))
+    assert stats, "the model did not load"
+    yield client, result, root, tiny_models["random"]
+    await client.shutdown_session()
+
+
+async def _ready(client):
+    stats = await command(client, STATS_COMMAND)
+    return stats if stats["ready"] else None
+
+
+async def test_initialize_advertises_inline_completion(session):
+    client, result, _, _ = session
+    caps = result.capabilities
+    assert caps.inline_completion_provider is not None
+    assert caps.completion_provider is not None
+    assert caps.text_document_sync.change == types.TextDocumentSyncKind.Incremental
+    assert {ACCEPT_COMMAND, STATS_COMMAND} <= set(caps.execute_command_provider.commands)
+
+
+async def test_inline_completion_is_the_greedy_continuation(session):
+    client, _, root, model_dir = session
+    uri = (root / "main.py").as_uri()
+    open_doc(client, uri, BEFORE + AFTER)
+    result = await inline(client, uri, *cursor_at_end(BEFORE))
+    expected = greedy(model_dir, BEFORE, AFTER, MAX_NEW)
+    assert expected, "the reference completion is empty: pick another prompt"
+    assert [i.insert_text for i in result.items] == [expected]
+    item = result.items[0]
+    assert item.command.command == ACCEPT_COMMAND
+    assert item.range.start == item.range.end == types.Position(*cursor_at_end(BEFORE))
+
+    completion = await client.text_document_completion_async(types.CompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(*cursor_at_end(BEFORE))))
+    assert [i.text_edit.new_text for i in completion.items] == [expected]
+    assert completion.items[0].command.command == ACCEPT_COMMAND
+
+
+async def test_accepted_text_is_proposed_as_draft(session):
+    client, _, _, _ = session
+    accepted = "gamma_ray_burst = detect_burst(window=37)"
+    assert await command(client, ACCEPT_COMMAND, {"id": 0, "text": accepted})
+    drafts = await command(client, DRAFTS_COMMAND, "gamma_ray_burst = detect_burst")
+    assert any(d["text"].startswith("(window=37") for d in drafts)
+
+
+async def test_file_written_in_workspace_shows_in_stats_and_drafts(session):
+    client, _, root, _ = session
+    before = (await command(client, STATS_COMMAND))["documents"]
+    assert any(d["text"].startswith("(count") for d in await command(client, DRAFTS_COMMAND, "def frobnicate_widget"))
+    (root / "later.py").write_text("def quasar_flux(level):\n    return level + 3\n")
+
+    async def seen():
+        stats = await command(client, STATS_COMMAND)
+        drafts = await command(client, DRAFTS_COMMAND, "def quasar_flux")
+        return stats["documents"] > before and any(d["text"].startswith("(level") for d in drafts)
+
+    assert await wait_until(seen, timeout=20)
+
+
+async def test_did_change_edits_applied_in_order(session):
+    client, _, root, _ = session
+    uri = (root / "edited.py").as_uri()
+    open_doc(client, uri, "alpha = 1\n")
+    edits = [  # (line, start, end, new text), each applied to the result of the one before
+        (0, 0, 5, "omega_value"),  # omega_value = 1
+        (0, 14, 15, "frob_it(2)"),  # omega_value = frob_it(2)
+        (1, 0, 0, "beta = omega_value\n"),
+        (0, 5, 5, "_prime"),  # omega_prime_value = frob_it(2)
+    ]
+    for version, (line, start, end, text) in enumerate(edits, start=2):
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangePartial(
+                range=types.Range(start=types.Position(line, start), end=types.Position(line, end)), text=text)]))
+
+    async def seen():
+        drafts = await command(client, DRAFTS_COMMAND, "omega_prime_value = frob")
+        return any(d["text"].startswith("_it(2)") for d in drafts)
+
+    assert await wait_until(seen, timeout=10)
+
+
+async def test_bad_input_never_kills_the_server(session):
+    client, _, root, _ = session
+    # a document never opened
+    result = await inline(client, (root / "nowhere.py").as_uri(), 0, 0)
+    assert not result.items
+    # positions past the end of a line and of the file: clamped to the end
+    uri = (root / "short.py").as_uri()
+    open_doc(client, uri, "x = compute(")
+    for line, character in [(0, 500), (40, 3)]:
+        result = await inline(client, uri, line, character)
+        for item in result.items:
+            assert item.insert_text.strip() and item.range.start == types.Position(0, 12)
+    # binary content
+    uri = (root / "blob.bin").as_uri()
+    open_doc(client, uri, "\x00\x01\x02\ufffd\x7f" * 2000 + "\nvalue = ")
+    await inline(client, uri, 1, 8)
+    # a 5 MB document: the prompt window is bounded, the reply comes
+    uri = (root / "huge.py").as_uri()
+    big = "".join(f"row_{i} = {i} * 3\n" for i in range(330_000))
+    assert len(big) > 5_000_000
+    open_doc(client, uri, big + "row_x = ")
+    t0 = time.monotonic()
+    await inline(client, uri, big.count("\n"), 8)
+    assert time.monotonic() - t0 < 30
+    # invalid settings: one message, defaults kept, still serving
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"maxNewTokens": -3, "debounceMs": "soon", "noSuchSetting": 1}))
+    message = await wait_until(lambda: _message(client, "invalid settings"), timeout=10)
+    assert "maxNewTokens" in message and "debounceMs" in message and "noSuchSetting" in message
+    uri = (root / "main.py").as_uri()
+    result = await inline(client, uri, *cursor_at_end(BEFORE))
+    assert len(result.items) == 1
+    assert (await command(client, STATS_COMMAND))["ready"]
+
+
+async def _message(client, needle: str):
+    return next((m.message for m in client.messages if needle in m.message), None)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def constant_session(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("workspace-constant")
+    options = {"model": str(tiny_models["constant"]), "maxNewTokens": 2000, "draftBudget": 0, "debounceMs": 0,
+               "indexWorkspace": False}
+    client, _ = await start(server_command(), root, "visual-studio-code", options)
+    assert await wait_until(lambda: _ready(client))
+    yield client, root
+    await client.shutdown_session()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "pygls 2.1.1 logs 'Cancel notification for unknown message id' for a running async handler: its "
+    "future is no longer in protocol._request_futures, so the handler is never cancelled; not yet understood"))
+async def test_cancel_request_stops_the_decoder(constant_session):
+    client, root = constant_session
+    uri = (root / "c.py").as_uri()
+    open_doc(client, uri, "x = \ny = \n")
+    # this one writes "x" until max_new_tokens (2000): many seconds unless stopped
+    slow = client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(0, 4),
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)), msg_id="slow-1")
+    await asyncio.sleep(0.5)
+    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="slow-1"))
+    with pytest.raises(JsonRpcRequestCancelled):
+        await slow
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"maxNewTokens": 4}))
+    t0 = time.monotonic()
+    result = await inline(client, uri, 1, 4)
+    assert [i.insert_text for i in result.items] == ["xxxx"]
+    assert time.monotonic() - t0 < 10  # the worker was free: the cancelled decode stopped
+    stats = await wait_until(lambda: _cancelled(client), timeout=10)
+    assert stats["cancelled"] == 1
+
+
+async def _cancelled(client):
+    stats = await command(client, STATS_COMMAND)
+    return stats if stats["cancelled"] else None
+
+
+async def test_a_model_that_fails_to_load(tmp_path):
+    client, _ = await start(server_command(), tmp_path, "neovim", {"model": str(tmp_path / "no-such-model")})
+    try:
+        message = await wait_until(lambda: _message(client, "could not load the model"), timeout=60)
+        assert message and "no-such-model" in message
+        uri = (tmp_path / "a.py").as_uri()
+        open_doc(client, uri, "x = ")
+        assert not (await inline(client, uri, 0, 4)).items
+        stats = await command(client, STATS_COMMAND)
+        assert not stats["ready"] and "no-such-model" in stats["load_error"]
+    finally:
+        await client.shutdown_session()
