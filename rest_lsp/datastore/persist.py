@@ -128,8 +128,9 @@ class IndexFolder:
     def _read_segment(self, name: str, dead: list[int]) -> Segment:
         if not re.fullmatch(r"[0-9a-f]{16}", name):
             raise ValueError(f"bad segment name {name!r}")
-        tokens = np.load(self.folder / f"{name}.tokens.npy", mmap_mode="r")
-        rsa = np.load(self.folder / f"{name}.rsa.npy", mmap_mode="r")
+        # Plain ndarray views of the maps: np.memmap's indexing overhead shows in every query.
+        tokens = np.asarray(np.load(self.folder / f"{name}.tokens.npy", mmap_mode="r"))
+        rsa = np.asarray(np.load(self.folder / f"{name}.rsa.npy", mmap_mode="r"))
         with np.load(self.folder / f"{name}.meta.npz") as meta:
             doc_starts, sources = meta["doc_starts"], meta["sources"]
             bucket_tokens, bucket_starts = meta["bucket_tokens"], meta["bucket_starts"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import uuid
 from bisect import bisect_left
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -65,7 +66,7 @@ class Segment:
     def live_tokens(self) -> int:
         return int(self.doc_lengths[self.live].sum())
 
-    @property
+    @cached_property
     def all_live(self) -> bool:
         return bool(self.live.all())
 

@@ -169,11 +169,11 @@ class Datastore:
         return Lookup(depth, [(_strip(r), c) for r, c in zip(rows[order].tolist(), counts[order].tolist())])
 
     def _query(self, context: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-        ctx = list(context[-self.max_suffix:]) if len(context) else []
-        if not ctx or any((not isinstance(t, (int, np.integer))) or t < 0 or t > MAX_TOKEN_ID for t in ctx):
+        ctx = np.asarray(context[-self.max_suffix:] if len(context) else [])
+        if ctx.ndim != 1 or not ctx.size or ctx.dtype.kind not in "iu" or ctx.min() < 0 or ctx.max() > MAX_TOKEN_ID:
             return 0, _NO_ROWS, _NO_COUNTS, _NO_WEIGHTS
-        rlist = [int(t) for t in reversed(ctx)]
-        rpattern = np.array(rlist, dtype=np.uint32)
+        rpattern = ctx[::-1].astype(np.uint32)
+        rlist = rpattern.tolist()
         hits: list[Hit] = []
         for seg in self._view.segments:
             hit = seg.match(rpattern, rlist)
