@@ -199,6 +199,7 @@ local messages = H.wait(5000, function()
   return out:find("completions served", 1, true) and out or nil
 end)
 H.check(messages ~= nil, ":RestLspStats prints the stats")
+H.log("---- :RestLspStats\n%s\n----", messages and vim.trim(messages) or "")
 local served = messages and tonumber(messages:match("completions served: (%d+)"))
 H.check(served and served >= 2, "the stats count the completions served (%s)", tostring(served))
 

@@ -106,7 +106,6 @@ local function draw(buf, row, col, text)
     virt_text = { { lines[1], "RestLspGhost" } },
     virt_text_pos = "inline",
     virt_lines = #virt_lines > 0 and virt_lines or nil,
-    hl_mode = "combine",
   })
 end
 
