@@ -153,7 +153,7 @@ def _quiet():
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             yield
     finally:
         hf_logging.set_verbosity(level)
@@ -183,6 +183,10 @@ def _load_gguf_cached(folder: str, gguf_file: str, dtype: torch.dtype):
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
+        # The weights are already dequantized to fp32; only the gguf marker forbids saving them.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         os.replace(tmp, cached)  # atomic: a reader sees the whole folder or none
@@ -204,7 +208,7 @@ def _load(spec: str | None, dtype: torch.dtype):
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError, EnvironmentError) as err:
-        where = "local folder" if Path(folder).is_dir() else "local folder, .gguf file or cached hub model"
+        where = ".gguf file" if gguf_file else "local folder" if Path(folder).is_dir() else "cached hub model"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(
             f"Could not load model '{shown}' as a {where} ({first[:200]}); "

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny random models of two architectures, and the real default model (loaded once)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rest_lsp.model import LoadedModel
+
+# Tiny models run faster on one thread, and the suite shares its 2 cores with language-server subprocesses.
+torch.set_num_threads(1)
+
+
+def tiny_model(arch: str, vocab_size: int = 97, seed: int = 0, max_positions: int = 512) -> LoadedModel:
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        raise ValueError(arch)
+    model.eval()
+    return LoadedModel(model=model, tokenizer=None, device=torch.device("cpu"), dtype=torch.float32, name=arch)
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny(request) -> LoadedModel:
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def default_model() -> LoadedModel:
+    from rest_lsp.model import load_model
+
+    return load_model(None, "cpu", "float32")

@@ -1,0 +1,78 @@
+import random
+
+import pytest
+import torch
+
+from rest_lsp.draft_tree import build_tree, tree_attention_mask, tree_position_ids
+
+
+def test_shared_prefixes_become_one_node():
+    tree = build_tree(7, [((1, 2, 3), 2.0), ((1, 2, 4), 1.0), ((5,), 1.0)], budget=10)
+    assert tree.tokens[0] == 7 and tree.parents[0] == -1 and tree.depths[0] == 0
+    paths = set()
+    for i in range(1, len(tree)):
+        path, j = [], i
+        while j > 0:
+            path.append(tree.tokens[j])
+            j = tree.parents[j]
+        paths.add(tuple(reversed(path)))
+    assert paths == {(1,), (1, 2), (1, 2, 3), (1, 2, 4), (5,)}
+    assert len(tree) == 6  # root + 5 distinct prefixes
+
+
+def test_budget_keeps_heaviest_nodes_and_their_parents():
+    rnd = random.Random(1)
+    conts = [(tuple(rnd.randrange(4) for _ in range(rnd.randrange(1, 6))), float(rnd.randrange(1, 9))) for _ in range(40)]
+    full = build_tree(0, conts, budget=10_000)
+    weights = {}
+    for tokens, w in conts:
+        for k in range(1, len(tokens) + 1):
+            weights[tokens[:k]] = weights.get(tokens[:k], 0.0) + w
+    assert len(full) - 1 == len(weights)
+    for budget in (0, 1, 3, 8, 20):
+        tree = build_tree(0, conts, budget)
+        assert len(tree) - 1 == min(budget, len(weights))
+        kept = []
+        for i in range(1, len(tree)):
+            assert tree.parents[i] < i  # parents first: the ancestor mask depends on it
+            assert tree.depths[i] == tree.depths[tree.parents[i]] + 1
+            path, j = [], i
+            while j > 0:
+                path.append(tree.tokens[j])
+                j = tree.parents[j]
+            kept.append(tuple(reversed(path)))
+        # nothing left out outweighs the lightest node kept, unless its parent was left out too
+        lightest = min((weights[p] for p in kept), default=float("inf"))
+        for prefix, w in weights.items():
+            if prefix not in kept and (len(prefix) == 1 or prefix[:-1] in kept):
+                assert w <= lightest
+
+
+def brute_force_mask(parents, past):
+    n = len(parents)
+    allowed = [[True] * past + [False] * n for _ in range(n)]
+    for i in range(n):
+        j = i
+        while j >= 0:
+            allowed[i][past + j] = True
+            j = parents[j]
+    return torch.tensor(allowed)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_mask_and_positions_match_brute_force(seed):
+    rnd = random.Random(seed)
+    conts = [(tuple(rnd.randrange(3) for _ in range(rnd.randrange(1, 7))), 1.0) for _ in range(rnd.randrange(1, 15))]
+    tree = build_tree(5, conts, budget=rnd.randrange(1, 30))
+    past = rnd.randrange(0, 9)
+    mask = tree_attention_mask(tree, past, torch.float32)
+    assert mask.shape == (1, 1, len(tree), past + len(tree))
+    expect = brute_force_mask(tree.parents, past)
+    assert torch.equal(mask[0, 0] == 0, expect)
+    assert torch.all(mask[0, 0][~expect] == torch.finfo(torch.float32).min)
+    pos = tree_position_ids(tree, past)
+    for i in range(len(tree)):
+        depth, j = 0, i
+        while tree.parents[j] >= 0:
+            depth, j = depth + 1, tree.parents[j]
+        assert pos[0, i].item() == past + depth

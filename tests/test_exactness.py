@@ -1,0 +1,123 @@
+"""REST greedy output must be token-identical to `model.generate(do_sample=False)` in fp32."""
+
+import random
+
+import pytest
+import torch
+
+from rest_lsp.decoding import DecodeConfig, Decoder
+from rest_lsp.drafts import ContextLookup, MixedDrafts, NgramDrafts, NoDrafts
+
+N_NEW = 40
+
+
+def reference(loaded, prompt, n=N_NEW):
+    ids = torch.tensor([prompt])
+    out = loaded.model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def corrupted(tokens, every, vocab, rnd):
+    return [rnd.randrange(vocab) if i % every == every - 1 else t for i, t in enumerate(tokens)]
+
+
+def draft_sources(prompt, truth, vocab, rnd):
+    """Perfect, useless, partly right and branchy sources for one prompt whose true continuation is `truth`."""
+    full = prompt + truth
+    branchy = []
+    for i in range(len(full) - 1):
+        # many siblings after every context position: the right next token among random ones
+        for _ in range(4):
+            branchy.append(full[max(0, i - 3) : i + 1] + [rnd.randrange(vocab) for _ in range(3)])
+        branchy.append(full[max(0, i - 3) : i + 4])
+    return {
+        "perfect": NgramDrafts([full]),
+        "useless": NgramDrafts([[rnd.randrange(vocab) for _ in range(2000)]]),
+        "partly": NgramDrafts([prompt + corrupted(truth, 4, vocab, rnd)]),
+        "branchy": NgramDrafts(branchy),
+        "context": ContextLookup(),
+        "mixed": MixedDrafts([(ContextLookup(), 2.0), (NgramDrafts([prompt + corrupted(truth, 3, vocab, rnd)]), 1.0)]),
+        "none": NoDrafts(),
+    }
+
+
+@pytest.mark.parametrize("budget", [1, 4, 16, 64])
+def test_greedy_rest_equals_generate(tiny, budget):
+    vocab = tiny.model.config.vocab_size
+    decoder = Decoder(tiny)
+    stats = {}
+    for seed in range(6):
+        rnd = random.Random(seed * 100 + budget)
+        # repetitive prompts give the context lookup something to find
+        motif = [rnd.randrange(vocab) for _ in range(rnd.randrange(1, 6))]
+        prompt = (motif * 8)[: rnd.randrange(1, 30)] + [rnd.randrange(vocab) for _ in range(rnd.randrange(0, 8))]
+        truth = reference(tiny, prompt)
+        for name, source in draft_sources(prompt, truth, vocab, rnd).items():
+            result = decoder.generate(prompt, source, DecodeConfig(max_new_tokens=N_NEW, budget=budget))
+            assert result.tokens == truth, (name, seed)
+            assert result.finish == "length"
+            stats.setdefault(name, []).append(result.tokens_per_step)
+    mean = {k: sum(v) / len(v) for k, v in stats.items()}
+    # The drafts must really be used: a perfect source accepts several tokens a step; no drafts accept exactly one.
+    assert mean["none"] == 1.0
+    assert mean["perfect"] > min(budget, 8) * 0.6 + 1 if budget > 1 else mean["perfect"] > 1.9
+    assert mean["useless"] < mean["perfect"]
+
+
+def test_cache_reuse_across_calls_stays_exact(tiny):
+    """The decoder keeps its cache between calls; prompts sharing a prefix, or not, must still decode exactly."""
+    vocab = tiny.model.config.vocab_size
+    rnd = random.Random(7)
+    decoder = Decoder(tiny)
+    base = [rnd.randrange(vocab) for _ in range(20)]
+    prompts = [base, base + [3], base[:10], base[:10] + [4, 5, 6], [9] + base, base + [3, 1]]
+    for prompt in prompts:
+        truth = reference(tiny, prompt, 20)
+        result = decoder.generate(prompt, ContextLookup(), DecodeConfig(max_new_tokens=20, budget=8))
+        assert result.tokens == truth
+    # typing recomputes only what changed (the prompt's last token is fed with the first tree, not prefilled)
+    decoder.generate(base + [3], NoDrafts(), DecodeConfig(max_new_tokens=2))
+    again = decoder.generate(base + [3, 8, 9], NoDrafts(), DecodeConfig(max_new_tokens=2))
+    assert again.prefill_tokens == 1
+
+
+def test_eos_stops_and_is_kept(tiny):
+    vocab = tiny.model.config.vocab_size
+    prompt = [1, 2, 3, 4, 5]
+    truth = reference(tiny, prompt, 30)
+    eos = truth[12]
+    decoder = Decoder(tiny)
+    decoder.eos = {eos}
+    result = decoder.generate(prompt, NgramDrafts([prompt + truth]), DecodeConfig(max_new_tokens=30, budget=16))
+    first = truth.index(eos)
+    assert result.tokens == truth[: first + 1]
+    assert result.finish == "eos"
+
+
+def test_should_stop_is_checked_between_steps(tiny):
+    prompt = [5, 6, 7]
+    seen = []
+
+    def stop(new):
+        seen.append(len(new))
+        return len(new) >= 5
+
+    result = Decoder(tiny).generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=30), should_stop=stop)
+    assert result.finish == "stopped" and len(result.tokens) == 5 and seen == [1, 2, 3, 4, 5]
+
+
+def test_default_model_greedy_rest_equals_generate(default_model):
+    tok = default_model.tokenizer
+    prompt_text = (
+        "import os\n\n\ndef list_python_files(folder):\n"
+        '    """Return the paths of the Python files under folder."""\n'
+        "    result = []\n    for root, dirs, files in os.walk(folder):\n"
+    )
+    prompt = tok.encode(prompt_text)
+    truth = reference(default_model, prompt, 32)
+    decoder = Decoder(default_model)
+    for source in (ContextLookup(), NgramDrafts([prompt + truth]), NgramDrafts([prompt + corrupted(truth, 3, 49152, random.Random(0))])):
+        result = decoder.generate(prompt, source, DecodeConfig(max_new_tokens=32, budget=16))
+        assert result.tokens == truth
