@@ -12,6 +12,8 @@ from pathlib import Path
 SUBCOMMANDS = {
     # name: (module, help)
     "generate": ("rest_lsp.cli", "continue a prompt with REST decoding and print the result"),
+    "index": ("rest_lsp.index_command", "build, update or query the persistent token index of a folder"),
+    "complete": ("rest_lsp.complete_command", "one completion at FILE:LINE:COL, as the server would give it"),
 }
 
 
