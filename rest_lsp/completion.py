@@ -426,6 +426,9 @@ class CompletionService:
                 result = None
                 if not job.cancelled() and not job.cancel_event.wait(self.settings.debounce_ms / 1e3):
                     result = self._complete(job)
+                else:
+                    with self._lock:
+                        self._cancelled += 1  # stopped before decoding began
                 _resolve(job.future, result)
             except Exception as err:
                 log.exception("completion failed")
