@@ -158,9 +158,10 @@ local before_lines = H.lua(child, "return vim.api.nvim_buf_line_count(0)")
 local row = H.lua(child, "return vim.api.nvim_win_get_cursor(0)[1]")
 local commands_before = H.lua(child, "return #_G.commands")
 H.type(child, "<Tab>")
+-- The first command sent after the key, once the server has answered it.
 local accepted = H.wait(10000, function()
-  local c = H.lua(child, "local c = _G.commands[#_G.commands]; return (c and c.answered) and c or vim.NIL")
-  return H.lua(child, "return #_G.commands") > commands_before and c ~= vim.NIL and c or nil
+  local c = H.lua(child, "local c = _G.commands[... + 1]; return (c and c.answered) and c or vim.NIL", commands_before)
+  return c ~= vim.NIL and c or nil
 end)
 local lines = vim.split(text, "\n", { plain = true })
 local got = H.lua(child, "return vim.api.nvim_buf_get_lines(0, ..., ... + select(2, ...), false)", row - 1, #lines)
