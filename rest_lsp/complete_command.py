@@ -13,10 +13,18 @@ import time
 from pathlib import Path
 
 from rest_lsp import settings as settings_module
-from rest_lsp.completion import CompletionService
+from rest_lsp.completion import CompletionService, NoEvents
 from rest_lsp.settings import Settings
 
 LOAD_TIMEOUT_S = 600
+
+
+class _CommandEvents(NoEvents):
+    """Warnings go to stderr as one line each; a failed load is reported once, by `run`."""
+
+    def message(self, level: str, text: str) -> None:
+        if level == "warning":
+            print(f"rest-lsp complete: {text.removeprefix('rest-lsp: ')}", file=sys.stderr)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,21 +56,31 @@ def offset_of(text: str, line: int, col: int) -> int:
     return sum(len(x) + 1 for x in lines[: line - 1]) + col - 1
 
 
+def _reason(err: Exception) -> str:
+    """One sentence for a bad FILE:LINE:COL."""
+    if isinstance(err, UnicodeDecodeError):
+        return "the file is not UTF-8 text."
+    if isinstance(err, FileNotFoundError):
+        return "no such file."
+    if isinstance(err, IsADirectoryError):
+        return "it is a folder, not a file."
+    if isinstance(err, OSError):
+        return f"the file cannot be read ({err.strerror or type(err).__name__})."
+    return str(err)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         path, line, col = parse_location(args.location)
         text = path.read_text(encoding="utf-8")
         offset = offset_of(text, line, col)
     except (ValueError, OSError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        if isinstance(err, UnicodeDecodeError):
-            reason = "it is not UTF-8 text"
-        print(f"rest-lsp complete: cannot use {args.location}: {reason}", file=sys.stderr)
+        print(f"rest-lsp complete: cannot use {args.location}: {_reason(err)}", file=sys.stderr)
         return 2
     settings = Settings.from_args(args)
     if not args.workspace:
         settings, _ = settings.update({"index_workspace": False})
-    service = CompletionService(settings)
+    service = CompletionService(settings, _CommandEvents())
     try:
         service.start([Path(args.workspace)] if args.workspace else [])
         if not service.wait_ready(LOAD_TIMEOUT_S):

@@ -300,7 +300,12 @@ class CompletionService:
         if old.model_key != settings.model_key:
             self._start_loading()
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop all work and wait (up to `timeout` per thread) for it to end.
+
+        Waiting matters: a process that exits while a thread is still inside torch or the
+        tokenizer can abort ("terminate called without an active exception").
+        """
         with self._cond:
             self._closed = True
             for job in self._queue:
@@ -309,9 +314,15 @@ class CompletionService:
                 self._running.cancel_event.set()
             self._cond.notify_all()
             indexes, self._indexes = list(self._indexes.values()), {}
+            datastore = self._datastore
         self._buffers_dirty.set()
         for index in indexes:
             index.stop()
+        for thread in (self._worker, self._feeder):
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+        if datastore is not None:
+            datastore.close()
 
     # -- documents -------------------------------------------------------------------------------------------
     def open_buffer(self, doc_id: str, text: str) -> None:
@@ -341,6 +352,8 @@ class CompletionService:
                 return
             time.sleep(BUFFER_DEBOUNCE_S)  # let a burst of keystrokes settle
             self._buffers_dirty.clear()
+            if self._closed:
+                return
             if not self._ready.is_set():
                 continue  # the loader sets the flag again once a datastore exists
             with self._lock:
