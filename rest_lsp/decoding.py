@@ -74,6 +74,10 @@ class Decoder:
         self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
 
     # -- cache ---------------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the cached sequence: the next prompt is prefilled in full."""
+        self._cache, self._cached = None, []
+
     def _crop(self, length: int) -> None:
         drop = self._cache.get_seq_length() - length
         if drop > 0:

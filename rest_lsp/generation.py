@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from rest_lsp.decoding import DecodeConfig, Decoder
+from rest_lsp.errors import UserError
 from rest_lsp.drafts import ContextLookup, DraftSource, MixedDrafts, NoDrafts
 from rest_lsp.model import LoadedModel, load_model
 
@@ -60,7 +61,7 @@ def run_generate(request: GenerateRequest, warn: Callable[[str], None]) -> dict:
     ids = tok.encode(request.prompt)
     room = loaded.max_context - request.max_new_tokens - budget - 1
     if room < 1:
-        raise ValueError(f"--max-new-tokens {request.max_new_tokens} leaves no room for a prompt in the model's "
+        raise UserError(f"--max-new-tokens {request.max_new_tokens} leaves no room for a prompt in the model's "
                          f"context of {loaded.max_context} tokens.")
     ids, cut = fit_prompt(ids, room)
     if cut:
