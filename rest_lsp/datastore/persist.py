@@ -26,7 +26,7 @@ from .segment import Segment
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2          # 2: the pair table of each segment
 MANIFEST = "manifest.json"
 
 
@@ -117,8 +117,7 @@ class IndexFolder:
             _fsync(tmp)
             os.replace(tmp, self.folder / f"{seg.name}.{suffix}.npy")
         tmp = self.folder / f"{seg.name}.meta.tmp.npz"
-        np.savez(tmp, doc_starts=seg.doc_starts, sources=seg.sources,
-                 bucket_tokens=seg.bucket_tokens, bucket_starts=seg.bucket_starts)
+        np.savez(tmp, **{k: getattr(seg, k) for k in _TABLES})
         _fsync(tmp)
         os.replace(tmp, self.folder / f"{seg.name}.meta.npz")
         # The doc list goes last: its presence means the segment is complete.
@@ -132,15 +131,19 @@ class IndexFolder:
         tokens = np.asarray(np.load(self.folder / f"{name}.tokens.npy", mmap_mode="r"))
         rsa = np.asarray(np.load(self.folder / f"{name}.rsa.npy", mmap_mode="r"))
         with np.load(self.folder / f"{name}.meta.npz") as meta:
-            doc_starts, sources = meta["doc_starts"], meta["sources"]
-            bucket_tokens, bucket_starts = meta["bucket_tokens"], meta["bucket_starts"]
+            tables = {k: meta[k] for k in _TABLES}
         doc_ids = tuple(json.loads((self.folder / f"{name}.docs.json").read_text("utf-8")))
-        if (tokens.dtype != np.uint32 or rsa.shape != tokens.shape or len(doc_ids) + 1 != doc_starts.shape[0]
-                or sources.shape[0] != len(doc_ids) or int(bucket_starts[-1]) != tokens.shape[0]):
+        n = tokens.shape[0]
+        if (tokens.dtype != np.uint32 or rsa.shape != tokens.shape or len(doc_ids) + 1 != tables["doc_starts"].shape[0]
+                or tables["sources"].shape[0] != len(doc_ids) or int(tables["bucket_starts"][-1]) != n
+                or tables["bucket_pairs"].shape != tables["bucket_starts"].shape
+                or int(tables["bucket_pairs"][-1]) != tables["pair_tokens"].shape[0]
+                or tables["pair_starts"].shape[0] != tables["pair_tokens"].shape[0] + 1
+                or int(tables["pair_starts"][-1]) != n):
             raise ValueError(f"segment {name} is inconsistent")
         live = np.ones(len(doc_ids), dtype=bool)
         live[dead] = False
-        return Segment(name, tokens, rsa, doc_starts, doc_ids, sources, bucket_tokens, bucket_starts, live)
+        return Segment(name=name, tokens=tokens, rsa=rsa, doc_ids=doc_ids, live=live, **tables)
 
     def _collect_garbage(self, keep: set[str]) -> None:
         for path in self.folder.iterdir():
@@ -154,6 +157,10 @@ class IndexFolder:
     def _clear(self) -> None:
         (self.folder / MANIFEST).unlink(missing_ok=True)
         self._collect_garbage(set())
+
+
+# The small arrays of a segment, kept in one .npz and read whole (tokens and rsa are memory-mapped).
+_TABLES = ("doc_starts", "sources", "bucket_tokens", "bucket_starts", "bucket_pairs", "pair_tokens", "pair_starts")
 
 
 def _sigs(d: dict) -> dict[str, Signature]:
