@@ -41,12 +41,12 @@ def test_pair_table_holds_exactly_the_rows_of_each_leading_pair(vocab):
 def _store(rng: random.Random, weights: dict) -> Datastore:
     ds = Datastore(max_suffix=6, continuation_length=5, max_matches=60, background_merges=False, weights=weights)
     sources = list(Source)
-    for i in range(40):
+    for batch in range(8):
         # Few distinct tokens and repeated phrases: many occurrences, ties and documents ending mid-continuation.
-        toks = [t for _ in range(rng.randint(0, 30)) for t in rng.choice([[1, 2, 3], [1, 2, 4], [5], [1, 2, 3, 5]])]
-        ds.put(f"d{i}", toks, rng.choice(sources))
-        if i % 7 == 6:
-            ds.remove(f"d{i - 3}")      # tombstones in earlier segments
+        ds.apply([(f"d{batch}-{i}", [t for _ in range(rng.randint(0, 30))
+                                     for t in rng.choice([[1, 2, 3], [1, 2, 4], [5], [1, 2, 3, 5]])],
+                   rng.choice(sources)) for i in range(5)])
+        ds.remove(f"d{batch}-{batch % 5}")      # a tombstone in every segment
     return ds
 
 
