@@ -1,5 +1,5 @@
-"""Small real models for the language-server tests (imported by tests/test_server*.py,
-test_completion*.py, test_prompt.py).
+"""Small real models and the LSP test client for the language-server tests (imported by
+tests/test_server*.py, test_completion*.py, test_prompt.py, test_complete_command.py).
 
 Both use the default model's real tokenizer and are saved as ordinary model folders,
 so they go through the same `load_model` path as any user model, in well under a second:
@@ -11,11 +11,15 @@ They are built once and kept in pytest's cache folder.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from lsprotocol import types
+from pytest_lsp import client_capabilities, make_test_lsp_client
 
 REPO = Path(__file__).resolve().parents[1]
 CAPABILITIES = REPO / "tests" / "data"
@@ -86,18 +90,75 @@ def server_command(*args: str) -> list[str]:
 
 
 def greedy(model_dir: Path, before: str, after: str, n: int, budget: int = 1024) -> str:
+    """The reference completion of a model folder (see `greedy_of`)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, local_files_only=True)
+    return greedy_of(model, hf, before, after, n, budget)
+
+
+def greedy_of(model, hf, before: str, after: str, n: int, budget: int = 1024) -> str:
     """The reference completion: transformers' own greedy `generate` on the same prompt, then the
     same post-processing (prefix-only models)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rest_lsp.completion import finish_text
     from rest_lsp.postprocess import stop_context
     from rest_lsp.prompt import build_prompt
 
-    hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, local_files_only=True)
     prompt = build_prompt(hf, before, after, budget=budget, fim=None)
     out = model.generate(torch.tensor([prompt.ids]), attention_mask=torch.ones(1, len(prompt.ids), dtype=torch.long),
                          max_new_tokens=n, do_sample=False)[0, len(prompt.ids):]
     return finish_text(hf.decode(out.tolist(), skip_special_tokens=True), stop_context(before, after))
+
+
+# -- the client side of the e2e tests over stdio ------------------------------------------------------------------
+
+
+def capabilities(name: str) -> types.ClientCapabilities:
+    caps = client_capabilities(name)
+    # neither capture advertises inline completion (VS Code added it later, Neovim 0.12)
+    caps.text_document.inline_completion = types.InlineCompletionClientCapabilities()
+    return caps
+
+
+async def start(command, root: Path, client_name: str, options: dict):
+    client = make_test_lsp_client()
+    await client.start_io(*command)
+    result = await client.initialize_session(types.InitializeParams(
+        capabilities=capabilities(client_name),
+        workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)],
+        initialization_options=options,
+    ))
+    return client, result
+
+
+async def command(client, name: str, *args):
+    return await client.workspace_execute_command_async(types.ExecuteCommandParams(command=name, arguments=list(args)))
+
+
+async def wait_until(check, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(0.1)
+
+
+def open_doc(client, uri: str, text: str, version: int = 1):
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text)))
+
+
+def inline(client, uri: str, line: int, character: int, **kw):
+    return client.text_document_inline_completion_async(types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=line, character=character),
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)), **kw)
+
+
+def cursor_at_end(text: str) -> tuple[int, int]:
+    lines = text.split("\n")
+    return len(lines) - 1, len(lines[-1])

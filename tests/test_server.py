@@ -9,9 +9,9 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
-from pytest_lsp import client_capabilities, make_test_lsp_client
 
-from conftest_server import greedy, server_command, tiny_models  # noqa: F401  (fixture)
+from conftest_server import (  # noqa: F401  (tiny_models is a fixture)
+    command, cursor_at_end, greedy, inline, open_doc, server_command, start, tiny_models, wait_until)
 from rest_lsp.server import ACCEPT_COMMAND, DRAFTS_COMMAND, STATS_COMMAND
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -19,53 +19,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 BEFORE = "def scale(values, factor):\n    return [v * factor for v in values]\n\ntotal = scale("
 AFTER = ")\nprint(total)\n"
 MAX_NEW = 12
-
-
-def capabilities(name: str) -> types.ClientCapabilities:
-    caps = client_capabilities(name)
-    # neither capture advertises inline completion (VS Code added it later, Neovim 0.12)
-    caps.text_document.inline_completion = types.InlineCompletionClientCapabilities()
-    return caps
-
-
-async def start(command, root: Path, client_name: str, options: dict):
-    client = make_test_lsp_client()
-    await client.start_io(*command)
-    result = await client.initialize_session(types.InitializeParams(
-        capabilities=capabilities(client_name),
-        workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)],
-        initialization_options=options,
-    ))
-    return client, result
-
-
-async def command(client, name: str, *args):
-    return await client.workspace_execute_command_async(types.ExecuteCommandParams(command=name, arguments=list(args)))
-
-
-async def wait_until(check, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(0.1)
-
-
-def open_doc(client, uri: str, text: str, version: int = 1):
-    client.text_document_did_open(types.DidOpenTextDocumentParams(
-        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text)))
-
-
-def inline(client, uri: str, line: int, character: int, **kw):
-    return client.text_document_inline_completion_async(types.InlineCompletionParams(
-        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=line, character=character),
-        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)), **kw)
-
-
-def cursor_at_end(text: str) -> tuple[int, int]:
-    lines = text.split("\n")
-    return len(lines) - 1, len(lines[-1])
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["visual-studio-code", "neovim"])

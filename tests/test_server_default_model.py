@@ -1,0 +1,54 @@
+"""The language server with the real default model (no --model) end to end over stdio: one server start.
+
+On a clean cache the first load converts the .gguf (about 30 s): the in-process reference model (the
+`default_model` fixture) loads first and pays for it, the server then reads the converted copy.
+"""
+
+from pathlib import Path
+
+import pytest
+from lsprotocol import types
+
+from conftest_server import command, cursor_at_end, greedy_of, inline, open_doc, server_command, start, wait_until
+from rest_lsp.model import DEFAULT_MODEL
+from rest_lsp.server import STATS_COMMAND
+
+pytestmark = pytest.mark.slow
+
+BEFORE = (
+    "import os\n\n\n"
+    "def list_python_files(folder):\n"
+    '    """Return the paths of the .py files under folder, sorted."""\n'
+    "    found = []\n"
+    "    for dirpath, dirnames, filenames in os.walk(folder):\n"
+    "        for name in filenames:\n"
+    "            if name.endswith(\".py\"):\n"
+    "                "
+)
+AFTER = "\n    return sorted(found)\n"
+MAX_NEW = 24
+LOAD_TIMEOUT_S = 600  # a slow CI machine converting the .gguf
+
+
+async def test_inline_completion_with_the_default_model(default_model, tmp_path: Path):
+    expected = greedy_of(default_model.model, default_model.tokenizer.hf, BEFORE, AFTER, MAX_NEW)
+    assert expected.strip(), "the reference completion is empty: pick another prompt"
+    root = tmp_path / "workspace"
+    root.mkdir()
+    options = {"maxNewTokens": MAX_NEW, "cacheDir": str(tmp_path / "index")}  # REST on, server defaults
+    client, _ = await start(server_command(), root, "visual-studio-code", options)
+    try:
+        async def ready():
+            stats = await command(client, STATS_COMMAND)
+            assert not stats["load_error"], stats["load_error"]
+            return stats if stats["ready"] else None
+
+        stats = await wait_until(ready, timeout=LOAD_TIMEOUT_S)
+        assert stats and stats["model"] == DEFAULT_MODEL
+        uri = (root / "walk.py").as_uri()
+        open_doc(client, uri, BEFORE + AFTER)
+        result = await inline(client, uri, *cursor_at_end(BEFORE))
+        assert [item.insert_text for item in result.items] == [expected]
+        assert result.items[0].range.start == types.Position(*cursor_at_end(BEFORE))
+    finally:
+        await client.shutdown_session()
