@@ -72,6 +72,26 @@ class Decoder:
         self.max_context = loaded.max_context
         self._cache: DynamicCache | None = None
         self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
+        self.body, self.head = self._split_head()
+
+    @torch.inference_mode()
+    def _split_head(self):
+        """(transformer body, LM head) when logits are just head(hidden), else (None, None).
+
+        A step needs logits only at the nodes its walk visits (a few of 17+), and on a CPU the head over a 49k
+        vocabulary is a fifth of a tree step. Models that scale or soft-cap their logits fail the check and keep
+        the full forward.
+        """
+        body, head = self.model.get_decoder(), self.model.get_output_embeddings()
+        if body is None or head is None:
+            return None, None
+        ids = torch.tensor([[0, 1, 2]], device=self.device)  # [1, 3]
+        try:
+            hidden = body(input_ids=ids, use_cache=False).last_hidden_state  # [1, 3, H]
+            same = torch.equal(head(hidden), self.model(input_ids=ids, use_cache=False).logits)
+        except (TypeError, AttributeError):
+            return None, None
+        return (body, head) if same else (None, None)
 
     # -- cache ---------------------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -112,14 +132,21 @@ class Decoder:
         return len(todo)
 
     @torch.inference_mode()
-    def verify(self, tree: DraftTree) -> torch.Tensor:
-        """One forward pass over the root and all drafts on top of the cache. Returns logits [n+1, V] (fp32)."""
+    def verify(self, tree: DraftTree) -> Callable[[int], torch.Tensor]:
+        """One forward pass over the root and all drafts on top of the cache.
+
+        Returns logits_at(node) -> [V] fp32, computed on demand when the head can be split off.
+        """
         past = self._cache.get_seq_length()
         ids = torch.tensor([tree.tokens], device=self.device)  # [1, n+1]
         mask = tree_attention_mask(tree, past, self.dtype, self.device)  # [1, 1, n+1, past+n+1]
         pos = tree_position_ids(tree, past, self.device)  # [1, n+1]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self._cache, use_cache=True)
-        return out.logits[0].float()  # [n+1, V]
+        kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self._cache, use_cache=True)
+        if self.body is None:
+            logits = self.model(**kwargs).logits[0].float()  # [n+1, V]
+            return lambda node: logits[node]
+        hidden = self.body(**kwargs).last_hidden_state[0]  # [n+1, H]
+        return lambda node: self.head(hidden[node : node + 1])[0].float()  # [V]
 
     # -- acceptance ----------------------------------------------------------------------------------------------
     def _choose(self, logits: torch.Tensor, config: DecodeConfig, gen: torch.Generator | None) -> int:
@@ -136,7 +163,11 @@ class Decoder:
         return int(torch.multinomial(probs, 1, generator=gen))
 
     def accept(
-        self, tree: DraftTree, logits: torch.Tensor, config: DecodeConfig, gen: torch.Generator | None
+        self,
+        tree: DraftTree,
+        logits_at: Callable[[int], torch.Tensor],
+        config: DecodeConfig,
+        gen: torch.Generator | None,
     ) -> tuple[list[int], list[int]]:
         """Walk from the root: at each node take the model's token; go on into the child holding it, else stop.
 
@@ -146,7 +177,7 @@ class Decoder:
         kids = tree.children()
         node, path, new = 0, [0], []
         while True:
-            token = self._choose(logits[node], config, gen)
+            token = self._choose(logits_at(node), config, gen)
             new.append(token)
             child = kids[node].get(token)
             if child is None or token in self.eos:
@@ -185,9 +216,9 @@ class Decoder:
         while len(new) < config.max_new_tokens:
             tree = build_tree(seq[-1], drafts.continuations(seq) if config.budget > 0 else [], config.budget)
             base = self._cache.get_seq_length()
-            logits = self.verify(tree)
+            logits_at = self.verify(tree)
             steps += 1
-            accepted, path = self.accept(tree, logits, config, gen)
+            accepted, path = self.accept(tree, logits_at, config, gen)
             accepted = accepted[: config.max_new_tokens - len(new)]
             # the root's row and the accepted drafts' rows stay; the bonus token is the next root
             self._keep_rows(base, path[: len(accepted)])

@@ -121,3 +121,16 @@ def test_default_model_greedy_rest_equals_generate(default_model):
     for source in (ContextLookup(), NgramDrafts([prompt + truth]), NgramDrafts([prompt + corrupted(truth, 3, 49152, random.Random(0))])):
         result = decoder.generate(prompt, source, DecodeConfig(max_new_tokens=32, budget=16))
         assert result.tokens == truth
+
+
+def test_full_logits_path_stays_exact(tiny):
+    """Models whose logits are not just head(hidden) run the full forward; that path must be exact too."""
+    decoder = Decoder(tiny)
+    assert decoder.body is not None  # Llama and Qwen2 split their head
+    decoder.body = decoder.head = None
+    rnd = random.Random(11)
+    for _ in range(3):
+        prompt = [rnd.randrange(97) for _ in range(12)] * 2
+        truth = reference(tiny, prompt, 24)
+        result = decoder.generate(prompt, NgramDrafts([prompt + corrupted(truth, 5, 97, rnd)]), DecodeConfig(max_new_tokens=24, budget=16))
+        assert result.tokens == truth
