@@ -372,14 +372,17 @@ class CompletionService:
         return len(text.encode("utf-8", "surrogatepass")) <= self.settings.max_file_bytes and "\x00" not in text
 
     def _restore_from_disk(self, datastore, doc_id: str) -> None:
-        """A closed buffer: back to the file's version on disk (if it lies in the workspace), else out."""
+        """A closed buffer: back to the file's version on disk if the indexer keeps that file, else out.
+
+        The indexer's word counts, not the buffer's: a file it skips (ignore rules, size) leaves the datastore.
+        """
         from rest_lsp.datastore import Source
 
-        path = Path(doc_id)
-        in_workspace = path.is_absolute() and any(_is_under(path, r) for r in self._roots)
-        if in_workspace and self.settings.index_workspace and path.is_file():
+        with self._lock:
+            kept = any(index.owns(doc_id) for index in self._indexes.values())
+        if kept:
             try:
-                text = path.read_text(encoding="utf-8")
+                text = Path(doc_id).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 text = None
             if text is not None and self._indexable(text):
@@ -559,11 +562,3 @@ def _until_stop(tokens: list[int], stop_ids: frozenset[int]) -> list[int]:
 def finish_text(text: str, ctx: StopContext) -> str:
     """The final post-processing of a completion: the stop rules on the whole text."""
     return trim(text, ctx, final=True)[0]
-
-
-def _is_under(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-        return True
-    except ValueError:
-        return False

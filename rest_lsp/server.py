@@ -146,6 +146,20 @@ async def _complete(ls: RestLanguageServer, uri: str, position: types.Position):
         raise
 
 
+async def _pull_settings(ls: RestLanguageServer) -> Any:
+    """Our section of the client's configuration, or None when the client cannot or will not say."""
+    workspace = ls.client_capabilities.workspace
+    if not (workspace and workspace.configuration):
+        return None
+    try:
+        found = await ls.workspace_configuration_async(
+            types.ConfigurationParams(items=[types.ConfigurationItem(section=settings_module.SECTION_NAMES[0])]))
+    except Exception as err:  # a client error must not cost the server its settings
+        log.warning("workspace/configuration failed: %s", err)
+        return None
+    return found[0] if found else None
+
+
 def _accept_command(completion: Completion) -> types.Command:
     return types.Command(title="Accept completion", command=ACCEPT_COMMAND,
                          arguments=[{"id": completion.id, "text": completion.text}])
@@ -168,8 +182,11 @@ def create_server(settings: Settings | None = None) -> RestLanguageServer:
         ls.service.start([Path(r) for r in roots if r])
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    def did_change_configuration(ls: RestLanguageServer, params: types.DidChangeConfigurationParams) -> None:
-        ls.apply_settings(params.settings)
+    async def did_change_configuration(ls: RestLanguageServer, params: types.DidChangeConfigurationParams) -> None:
+        values = params.settings
+        if not values:  # the pull model (VS Code sends null): ask for our section
+            values = await _pull_settings(ls)
+        ls.apply_settings(values)
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
@@ -259,7 +276,11 @@ def run(args: argparse.Namespace) -> int:
         if not host or not port.isdigit():
             print(f"rest-lsp: --tcp wants HOST:PORT, got {args.tcp!r}.", file=sys.stderr)
             return 2
-        server.start_tcp(host, int(port))
+        try:
+            server.start_tcp(host, int(port))
+        except OSError as err:
+            print(f"rest-lsp: cannot listen on {args.tcp} ({err.strerror or err}).", file=sys.stderr)
+            return 2
     else:
         server.start_io()
     return 0

@@ -13,9 +13,17 @@ AFTER = ")\nprint(result)\n"
 
 
 @pytest.fixture(scope="module")
-def service(tiny_models, tmp_path_factory):
+def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("ws")
     (root / "lib.py").write_text("def frobnicate_widget(count):\n    return count * 7\n")
+    (root / ".gitignore").write_text("secret_*.py\n")
+    (root / "secret_notes.py").write_text("def hidden_gadget(key):\n    return key\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def service(tiny_models, tmp_path_factory, workspace):
+    root = workspace
     settings = Settings(model=str(tiny_models["random"]), max_new_tokens=12, debounce_ms=0,
                         cache_dir=str(tmp_path_factory.mktemp("cache")))
     svc = CompletionService(settings)
@@ -92,3 +100,29 @@ def test_requests_before_the_model_is_ready_and_a_model_that_fails(tmp_path):
         assert svc.stats()["load_error"] == svc.load_error
     finally:
         svc.close()
+
+
+def _wait_for(check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return check()
+
+
+def test_closed_buffer_goes_back_to_what_the_indexer_keeps(service, workspace):
+    def proposes(text, start):
+        return any(t.startswith(start) for t, _ in service.drafts(text))
+
+    # an indexed file: its buffer replaces it while open, the disk version comes back on close
+    lib = str(workspace / "lib.py")
+    service.open_buffer(lib, "def frobnicate_widget(size):\n    return size\n")
+    assert _wait_for(lambda: proposes("def frobnicate_widget", "(size") and not proposes("def frobnicate_widget", "(count"))
+    service.close_buffer(lib)
+    assert _wait_for(lambda: proposes("def frobnicate_widget", "(count") and not proposes("def frobnicate_widget", "(size"))
+    # a file the ignore rules skip: never indexed, and its closed buffer does not come back from disk
+    secret = str(workspace / "secret_notes.py")
+    assert not proposes("def hidden_gadget", "(")
+    service.open_buffer(secret, "def hidden_gadget(value):\n    return value\n")
+    assert _wait_for(lambda: proposes("def hidden_gadget", "(value"))
+    service.close_buffer(secret)
+    assert _wait_for(lambda: not proposes("def hidden_gadget", "("))

@@ -2,6 +2,8 @@
 Neovim client capabilities and small real models (see conftest_server.py)."""
 
 import asyncio
+import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -9,9 +11,10 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
+from pytest_lsp import make_test_lsp_client
 
 from conftest_server import (  # noqa: F401  (tiny_models is a fixture)
-    command, cursor_at_end, greedy, inline, open_doc, server_command, start, tiny_models, wait_until)
+    capabilities, command, cursor_at_end, greedy, inline, open_doc, server_command, start, tiny_models, wait_until)
 from rest_lsp.server import ACCEPT_COMMAND, DRAFTS_COMMAND, STATS_COMMAND
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -146,6 +149,16 @@ async def test_bad_input_never_kills_the_server(session):
     assert (await command(client, STATS_COMMAND))["ready"]
 
 
+async def test_empty_configuration_change_pulls_our_section(session):
+    client, _, _, _ = session
+    # the pull model: the notification carries nothing, the server asks for its section
+    client.set_configuration({"pulledSettingProbe": 1}, section="rest-lsp")
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))
+    assert await wait_until(lambda: _message(client, "pulledSettingProbe"), timeout=10)
+    client.set_configuration({}, section="rest-lsp")
+    assert (await command(client, STATS_COMMAND))["ready"]
+
+
 async def _message(client, needle: str):
     return next((m.message for m in client.messages if needle in m.message), None)
 
@@ -206,3 +219,55 @@ async def test_a_model_that_fails_to_load(tmp_path):
         assert not stats["ready"] and "no-such-model" in stats["load_error"]
     finally:
         await client.shutdown_session()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_tcp(tiny_models, tmp_path):
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(*server_command()[:-1], "--tcp", f"127.0.0.1:{port}",
+                                                stderr=asyncio.subprocess.PIPE)
+    client = make_test_lsp_client()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                await client.start_tcp("127.0.0.1", port)
+                break
+            except OSError:  # not listening yet
+                assert proc.returncode is None and time.monotonic() < deadline, "the server did not listen"
+                await asyncio.sleep(0.2)
+        await client.initialize_session(types.InitializeParams(
+            capabilities=capabilities("neovim"), root_uri=tmp_path.as_uri(),
+            initialization_options={"model": str(tiny_models["random"]), "maxNewTokens": MAX_NEW, "debounceMs": 0,
+                                    "indexWorkspace": False}))
+        assert await wait_until(lambda: _ready(client))
+        uri = (tmp_path / "main.py").as_uri()
+        open_doc(client, uri, BEFORE + AFTER)
+        result = await inline(client, uri, *cursor_at_end(BEFORE))
+        assert len(result.items) == 1 and result.items[0].insert_text.strip()
+        await client.shutdown_async(None)
+        client.exit(None)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await client.stop()
+
+
+@pytest.mark.parametrize("where", ["no-port-here", "127.0.0.1:{busy}"])
+async def test_tcp_bad_address(where):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = where.format(busy=busy.getsockname()[1])
+        done = await asyncio.to_thread(subprocess.run, [*server_command()[:-1], "--tcp", address],
+                                       capture_output=True, text=True, timeout=60)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("rest-lsp: ") and address in err, err
