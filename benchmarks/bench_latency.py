@@ -116,6 +116,7 @@ class Bench:
 
 
 async def run(args: argparse.Namespace) -> dict:
+    load_before = os.getloadavg()  # the cores may be shared: say how busy they were
     rng = random.Random(args.seed)
     workspace_files, targets = pick(args.stdlib, rng, args.positions, args.workspace_files)
     if len(targets) < args.positions:
@@ -210,6 +211,7 @@ async def run(args: argparse.Namespace) -> dict:
         "max_new_tokens": args.max_new_tokens, "seed": args.seed, "stdlib": str(args.stdlib),
         "workspace_files": [p.name for p in workspace_files],
         "positions": [{"file": p.name, "offset": c} for p, c in targets],
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "model_load_s": round(load_s, 1), "index_s": round(index_s, 1),
         "summary": {mode: {"cold": summary(mode, "cold"), "warm": summary(mode, "warm")} for mode, _ in modes},
         "same_cold_text_rest_vs_plain": f"{same}/{len(targets)}",
@@ -241,7 +243,9 @@ def table(results: dict) -> str:
     lines += ["", f"Same cold completion with and without REST: {results['same_cold_text_rest_vs_plain']}. "
               f"Server over the run: mean tokens/step {stats['mean_tokens_per_step']:.2f}, "
               f"mean ms/token {stats['mean_ms_per_token']:.0f}. Model load {results['model_load_s']} s, "
-              f"workspace ({len(results['workspace_files'])} files) indexed in {results['index_s']} s."]
+              f"workspace ({len(results['workspace_files'])} files) indexed in {results['index_s']} s. "
+              f"Load average (1 min) before/after: {results['load_average_before_after']} "
+              f"on {results['cpu_count']} cores."]
     return "\n".join(lines)
 
 
