@@ -48,7 +48,7 @@ class DecodeResult:
         return self.decode_ms / len(self.tokens) if self.tokens else 0.0
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -146,7 +146,12 @@ class Decoder:
             logits = self.model(**kwargs).logits[0].float()  # [n+1, V]
             return lambda node: logits[node]
         hidden = self.body(**kwargs).last_hidden_state[0]  # [n+1, H]
-        return lambda node: self.head(hidden[node : node + 1])[0].float()  # [V]
+
+        @torch.inference_mode()
+        def logits_at(node: int) -> torch.Tensor:
+            return self.head(hidden[node : node + 1])[0].float()  # [V]
+
+        return logits_at
 
     # -- acceptance ----------------------------------------------------------------------------------------------
     def _choose(self, logits: torch.Tensor, config: DecodeConfig, gen: torch.Generator | None) -> int:
@@ -207,7 +212,7 @@ class Decoder:
 
         t0 = time.perf_counter()
         computed = self.prefill(prompt[:-1])
-        _sync(self.device)
+        sync_device(self.device)
         t1 = time.perf_counter()
 
         seq = list(prompt)
@@ -231,7 +236,7 @@ class Decoder:
             if should_stop is not None and should_stop(new):
                 finish = "stopped"
                 break
-        _sync(self.device)
+        sync_device(self.device)
         t2 = time.perf_counter()
         return DecodeResult(
             tokens=new,

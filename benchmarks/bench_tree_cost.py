@@ -1,0 +1,63 @@
+"""Cost of one verification step by tree size, on top of a real context: what the draft budget must follow.
+
+    .venv/bin/python benchmarks/bench_tree_cost.py [--model M] [--device D] [--dtype T] [--context 512]
+
+Prints the median ms of a step with 1 (plain decoding), 2, 4, ... 64 tree tokens and its ratio to a plain step.
+With tokens/step t at budget n, REST's best speedup is t / ratio(n).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+
+from rest_lsp.decoding import Decoder, sync_device
+from rest_lsp.draft_tree import build_tree
+from rest_lsp.model import load_model
+
+SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+
+    loaded = load_model(args.model, args.device, args.dtype)
+    text = (Path(sysconfig.get_paths()["stdlib"]) / "asyncio" / "base_events.py").read_text()
+    prompt = loaded.tokenizer.encode(text)[: args.context]
+    decoder = Decoder(loaded)
+    rows = []
+    for size in SIZES:
+        # a branchy tree: two children per node, breadth first, `size - 1` draft nodes under the root
+        conts = [(tuple(100 + ((i >> k) & 1) for k in range(6)), 1.0) for i in range(64)]
+        tree = build_tree(prompt[-1], conts, size - 1)
+        times = []
+        for _ in range(args.repeats + 2):
+            decoder.prefill(prompt[:-1])  # crops the previous step's rows: same cache every time
+            t0 = time.perf_counter()
+            logits_at = decoder.verify(tree)
+            logits_at(0)
+            sync_device(decoder.device)
+            times.append((time.perf_counter() - t0) * 1e3)
+        rows.append((size, statistics.median(times[2:])))
+    base = rows[0][1]
+    print(f"model {loaded.name} on {loaded.device} ({loaded.dtype}), context {len(prompt)} tokens, "
+          f"torch threads {torch.get_num_threads()}")
+    print("| tree tokens (root + drafts) | " + " | ".join(str(s) for s, _ in rows) + " |")
+    print("|---" * (len(rows) + 1) + "|")
+    print("| ms per step | " + " | ".join(f"{ms:.1f}" for _, ms in rows) + " |")
+    print("| x plain step | " + " | ".join(f"{ms / base:.2f}" for _, ms in rows) + " |")
+
+
+if __name__ == "__main__":
+    main()
