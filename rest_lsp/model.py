@@ -134,6 +134,11 @@ def _resolve(spec: str | None) -> tuple[str, str | None]:
         return str(path.parent), path.name
     if path.is_dir():
         return str(path), None
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or path.suffix in (".safetensors", ".bin", ".pt"):
+        raise ModelLoadError(
+            f"Model path '{spec}' is neither a folder nor a .gguf file; point --model at a local model folder "
+            "(config.json and weights) or a .gguf file."
+        )
     return spec, None
 
 
