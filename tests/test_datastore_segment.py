@@ -9,7 +9,7 @@ import pytest
 
 from rest_lsp.datastore import Datastore, Source
 from rest_lsp.datastore import store as store_module
-from rest_lsp.datastore.segment import SEP_ID, build_segment
+from rest_lsp.datastore.segment import SEP_ID, build_segment, spread
 
 
 @pytest.mark.parametrize("vocab", [3, 40, 2**32 - 2])
@@ -72,3 +72,25 @@ def test_a_list_of_ints_and_other_sequences_of_token_ids_give_the_same_answer():
         assert ds.lookup(same) == want
     for bad in ([1, 2.0], [True], [1, -2], [2**32 - 1], [2**70], [], np.zeros((1, 2), dtype=int)):
         assert ds.lookup(bad).match_length == 0 and ds.continuations(bad) == []
+
+
+def test_costly_results_are_reused_only_while_the_index_is_unchanged():
+    ds = Datastore(background_merges=False, continuation_length=3)
+    ds.put("a", [1, 2, 3] * 40)                 # 40 occurrences of [1]: the cached (numpy) path
+    first = ds.continuations([1])
+    assert first == [((2, 3, 1), 39.0), ((2, 3), 1.0)]
+    first.clear()                               # a caller's list is its own
+    assert ds.continuations([1]) == [((2, 3, 1), 39.0), ((2, 3), 1.0)]
+    assert ds.lookup([1]).continuations == [((2, 3, 1), 39), ((2, 3), 1)]
+    ds.put("b", [1, 5] * 50, Source.CURRENT_FILE)
+    assert ds.continuations([1])[:2] == [((5, 1, 5), 8.0 * 49), ((2, 3, 1), 39.0)]
+    ds.remove("b")
+    assert ds.lookup([1]).continuations == [((2, 3, 1), 39), ((2, 3), 1)]
+
+
+def test_spread_samples_the_same_rows_as_linspace():
+    rng = random.Random(11)
+    for _ in range(3000):
+        size = rng.choice([rng.randint(2, 3000), rng.randint(2, 10**8)])
+        limit = rng.randint(1, min(size - 1, 1100))
+        assert np.array_equal(spread(size, limit), np.linspace(0, size - 1, limit).astype(np.int64)), (size, limit)

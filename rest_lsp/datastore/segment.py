@@ -237,13 +237,21 @@ class Hit:
         """Rows of at most `limit` occurrences, evenly spread (dead ones of a range not yet dropped)."""
         size = self.size
         if size > limit:
-            picks = np.linspace(0, size - 1, limit).astype(np.int64)
+            picks = spread(size, limit)
             return self.rows[picks] if self.rows is not None else self.lo + picks
         return self.rows if self.rows is not None else range(self.lo, self.hi)
 
     @property
     def needs_live_check(self) -> bool:
         return self.rows is None and not self.segment.all_live
+
+
+def spread(size: int, limit: int) -> np.ndarray:
+    """np.linspace(0, size - 1, limit).astype(np.int64), bit for bit, without its ~50 us of Python."""
+    picks = (np.arange(limit, dtype=np.float64) * ((size - 1) / (limit - 1)) if limit > 1
+             else np.zeros(1)).astype(np.int64)
+    picks[-1] = size - 1 if limit > 1 else 0
+    return picks
 
 
 def _ints(arr: np.ndarray) -> memoryview:

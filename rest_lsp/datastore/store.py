@@ -21,6 +21,9 @@ from .segment import MAX_TOKEN_ID, Hit, Segment, build_segment
 
 log = logging.getLogger(__name__)
 
+# Costly query results kept per view: ~60 KB each (1,024 occurrences), so ~4 MB at most.
+FOUND_CACHE = 64
+
 Continuation = tuple[tuple[int, ...], float]
 
 
@@ -48,6 +51,9 @@ class Lookup:
 @dataclass(frozen=True)
 class _View:
     segments: tuple[Segment, ...] = ()
+    # Results of the costly queries (many occurrences: a short, common suffix such as "):\n" recurs all the
+    # time), keyed by the suffix array ranges they came from; they live and die with this view.
+    found: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -76,6 +82,7 @@ class Datastore:
         self._view = _View()
         self._docs: dict[str, tuple[str, int]] = {}    # doc id -> (segment name, doc index in it)
         self._lock = threading.RLock()                 # writers only
+        self._found_lock = threading.Lock()            # readers filling the view's result cache
         self._merging: set[str] = set()                # segment names taken by a running merge
         self._background = background_merges
         self._merge_wanted = threading.Condition(self._lock)
@@ -171,7 +178,8 @@ class Datastore:
         if rlist is None:
             return None
         hits: list[Hit] = []
-        for seg in self._view.segments:
+        view = self._view
+        for seg in view.segments:
             hit = seg.match(rlist)
             if hit is not None:
                 hits.append(hit)
@@ -180,6 +188,19 @@ class Datastore:
         depth = max(h.depth for h in hits)
         hits = [h for h in hits if h.depth == depth]
         total = sum(h.size for h in hits)
+        if total > PYTHON_ROWS:
+            key = (depth, *((id(h.segment), h.lo, h.hi) for h in hits))    # the view holds those segments
+            found = view.found.get(key)
+            if found is None:
+                found = self._gather(depth, hits, total)
+                with self._found_lock:
+                    if len(view.found) >= FOUND_CACHE:
+                        del view.found[next(iter(view.found))]           # the oldest
+                    view.found[key] = found
+            return found
+        return self._gather(depth, hits, total)
+
+    def _gather(self, depth: int, hits: list[Hit], total: int) -> Found:
         picked = []
         for h in hits:
             limit = h.size if total <= self.max_matches else max(1, round(self.max_matches * h.size / total))
