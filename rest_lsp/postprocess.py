@@ -11,11 +11,21 @@ text. Rules, in the spirit of Tabby and Continue:
   - at top level, two blank lines end the completion;
   - never an empty or whitespace-only completion (returned as "").
 The model's end-of-text is the caller's: it cuts the token ids there.
+
+When the prompt held back the whitespace before the cursor (prompt.held_back: the line
+breaks and the indentation since the last text), the model writes that run itself and
+its text must be turned into what goes after the cursor: at least as many line breaks
+(extra blank lines are dropped: the code goes on the cursor line, never below a line of
+only spaces), then the held-back indentation, which is taken off. A text that continues
+the previous line or starts with other indentation (a dedent, tabs for spaces) cannot be
+written by inserting at the cursor, so nothing is shown.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from rest_lsp.prompt import held_back
 
 BLOCK_OPENERS = (":", "{", "(", "[", "=>", "->", " do", " then", "begin")
 CLOSERS = (")", "]", "}", "end")
@@ -27,6 +37,7 @@ class StopContext:
     line_after: str  # the cursor line after the cursor, line ending excluded
     next_line: str  # the first non-blank line after the cursor line, stripped ("" if none)
     multiline: bool
+    held: str = ""  # the cursor line's whitespace that the prompt left out; the model writes it
 
 
 def stop_context(before: str, after: str) -> StopContext:
@@ -42,7 +53,7 @@ def stop_context(before: str, after: str) -> StopContext:
                 break
     opener = line_before.rstrip().endswith(BLOCK_OPENERS)
     multiline = not line_after.strip() and (not line_before.strip() or opener)
-    return StopContext(line_before, line_after, next_line, multiline)
+    return StopContext(line_before, line_after, next_line, multiline, held_back(before))
 
 
 def _indent(line: str) -> int:
@@ -55,11 +66,29 @@ def trim(text: str, ctx: StopContext, *, final: bool) -> tuple[str, bool]:
     `final` says no more text will come, so the last line is complete.
     The shown part is "" when nothing but whitespace is left.
     """
+    if ctx.held:
+        text, stopped = _after_held(text, ctx.held, final)
+        if text is None:
+            return "", stopped
     kept, stopped = _cut(text, ctx, final)
     kept = kept.rstrip()
     if not kept.strip():
         kept = ""
     return kept, stopped
+
+
+def _after_held(text: str, held: str, final: bool) -> tuple[str | None, bool]:
+    """The model's `text`, written after the prompt that `held` was left out of, as the text
+    after the cursor; None while it is unknown yet (False) or for good (True) whether it fits."""
+    body = text.lstrip()
+    if not body:  # only whitespace so far
+        return None, final
+    run = text[: len(text) - len(body)]
+    indent = run[run.rfind("\n") + 1:]
+    held_indent = held[held.rfind("\n") + 1:]
+    if run.count("\n") < held.count("\n") or not indent.startswith(held_indent):
+        return None, True
+    return indent[len(held_indent):] + body, False
 
 
 def _cut(text: str, ctx: StopContext, final: bool) -> tuple[str, bool]:

@@ -6,6 +6,16 @@ Models trained for fill-in-the-middle get prefix and suffix in their own templat
 The prefix window starts at a line start chosen on a coarse grid of line numbers,
 so that while the user types, consecutive prompts begin with the same tokens and
 the decoder can reuse its KV cache instead of paying the whole prefill again.
+
+On a cursor line with only whitespace before the cursor (the editor's auto-indent
+at a body start), the prompt ends at the last character with content, before the
+line break and the indentation, and that whitespace is held back: the BPE of
+SmolLM2 (GPT-2 pre-tokenizer) writes a line break and the next line's indentation
+as one token ("\n   " then " return"), so a prompt ending inside that run, even
+right after the line break, is a boundary the model rarely saw; after trailing
+spaces it answers with a line break, after a bare line break with column-0 text.
+The model writes the run itself, and the post-processing takes the held-back
+whitespace off its text again (postprocess.py).
 """
 
 from __future__ import annotations
@@ -68,6 +78,18 @@ class Prompt:
     prefix: str  # the text before the cursor that the prompt holds
     suffix: str  # the text after the cursor that the prompt holds ("" without FIM)
     fim: Fim | None
+    held: str = ""  # whitespace before the cursor left out of the prompt (see `held_back`)
+
+
+def held_back(before: str) -> str:
+    """The whitespace that the prompt leaves out: when the cursor line holds only whitespace
+    before the cursor (not nothing), the whole run of whitespace since the last character with
+    content (line breaks included); else ""."""
+    line = before[before.rfind("\n") + 1:]
+    if not line or line.strip() or "\n" not in before:
+        return ""
+    body = before.rstrip()
+    return before[len(body):] if body else ""
 
 
 def _offsets(hf_tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -141,15 +163,18 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
     """Prompt ids for a cursor between `before` and `after`.
 
     With FIM: `suffix_fraction` of the budget goes to the suffix, what it leaves to the prefix.
+    The prompt ends before the whitespace that `held_back` names.
     """
+    held = held_back(before)
+    before = before[: len(before) - len(held)]
     bos = []
     if getattr(hf_tokenizer, "add_bos_token", False) and hf_tokenizer.bos_token_id is not None:
         bos = [hf_tokenizer.bos_token_id]
     if fim is None:
         prefix, prefix_ids = _prefix_window(hf_tokenizer, before, budget - len(bos))
-        return Prompt(bos + prefix_ids, prefix, "", None)
+        return Prompt(bos + prefix_ids, prefix, "", None, held)
     room = budget - len(bos) - 3  # the three FIM markers
     suffix, suffix_ids = _suffix_window(hf_tokenizer, after, int(room * suffix_fraction))
     prefix, prefix_ids = _prefix_window(hf_tokenizer, before, room - len(suffix_ids))
     ids = bos + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id]
-    return Prompt(ids, prefix, suffix, fim)
+    return Prompt(ids, prefix, suffix, fim, held)

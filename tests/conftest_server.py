@@ -101,7 +101,9 @@ def greedy(model_dir: Path, before: str, after: str, n: int, budget: int = 1024)
 
 def greedy_of(model, hf, before: str, after: str, n: int, budget: int = 1024) -> str:
     """The reference completion: transformers' own greedy `generate` on the same prompt, then the
-    same post-processing (prefix-only models)."""
+    same post-processing (prefix-only models). Both come from the server's own functions: the prompt
+    leaves out the whitespace before a cursor at a body start (`Prompt.held`), and `finish_text` takes
+    it off the model's text again, so the comparison checks the decoder on the prompt the server sends."""
     import torch
 
     from rest_lsp.completion import finish_text

@@ -22,7 +22,7 @@ def test_empty_line_and_block_opener_are_multi_line():
 
 def test_dedent_ends_the_block():
     before = "def f(x):\n    "
-    assert final("y = x + 1\n    return y\n\nprint(f(2))\n", before) == "y = x + 1\n    return y"
+    assert final("\n    y = x + 1\n    return y\n\nprint(f(2))\n", before) == "y = x + 1\n    return y"
 
 
 def test_block_after_opener_takes_indent_of_first_written_line():
@@ -31,9 +31,9 @@ def test_block_after_opener_takes_indent_of_first_written_line():
 
 def test_closing_bracket_at_opener_level_belongs_to_the_block():
     before = "function f() {\n  "
-    assert final("return 1;\n}\nfunction g() {}", before) == "return 1;\n}"
+    assert final("\n  return 1;\n}\nfunction g() {}", before) == "return 1;\n}"
     # ... unless the suffix already closes it
-    assert final("return 1;\n}\n", before, "\n}\n") == "return 1;"
+    assert final("\n  return 1;\n}\n", before, "\n}\n") == "return 1;"
 
 
 def test_rest_of_line_is_not_written_twice():
@@ -43,14 +43,14 @@ def test_rest_of_line_is_not_written_twice():
 def test_next_suffix_line_is_not_repeated():
     before = "def f(x):\n    "
     after = "\n    return y\n"
-    assert final("y = x * 2\n    return y\n", before, after) == "y = x * 2"
+    assert final("\n    y = x * 2\n    return y\n", before, after) == "y = x * 2"
 
 
 def test_stopped_only_once_a_rule_fired():
     ctx = stop_context("def f(x):\n    ", "")
-    assert trim("y = 1\n    z", ctx, final=False) == ("y = 1\n    z", False)
+    assert trim("\n    y = 1\n    z", ctx, final=False) == ("y = 1\n    z", False)
     # a partial line whose indent is already known to be smaller ends the block now
-    assert trim("y = 1\npr", ctx, final=False) == ("y = 1", True)
+    assert trim("\n    y = 1\npr", ctx, final=False) == ("y = 1", True)
 
 
 def test_two_blank_lines_end_top_level_code():
@@ -61,8 +61,42 @@ def test_never_blank():
     assert final("   \n\t\n", "def f():\n    ") == ""
     assert final("\nprint(1)", "x = 1") == ""  # single line: nothing before the line break
     before = "def f():\n    "
-    assert final("return 1", before, "\n    return 1\n") == ""  # only the next line again
+    assert final("\n    return 1", before, "\n    return 1\n") == ""  # only the next line again
 
 
 def test_trailing_whitespace_dropped():
     assert final("foo  \n", "x = ") == "foo"
+
+
+def test_held_back_whitespace_is_taken_off_the_model_text():
+    before = "def f(x):\n    "
+    ctx = stop_context(before, "\n")
+    assert ctx.held == "\n    "  # the prompt ends after "def f(x):", the model writes the line break and indent
+    assert final("\n    return x\n", before) == "return x"
+    assert final("\n        x += 1", before) == "    x += 1"  # deeper: the rest of the indentation stays
+    # blank lines first: the code goes on the cursor line, never after a line of only spaces
+    assert final("\n\n  \n    return x", before) == "return x"
+    # only whitespace so far: wait for more, nothing to show yet
+    assert trim("\n   ", ctx, final=False) == ("", False)
+    assert trim("\n    ret", ctx, final=False) == ("ret", False)
+    assert stop_context("def f():\n\n  ", "").held == "\n\n  "  # blank lines before the cursor are held too
+
+
+def test_text_that_cannot_be_inserted_at_the_cursor_is_not_shown():
+    before = "def f(x):\n    y = x\n    "
+    ctx = stop_context(before, "")
+    # inserting at the cursor keeps the line break and the four spaces: a dedent, tabs for
+    # spaces, or more of the previous line cannot be written there
+    assert trim("\ndef g():", ctx, final=False) == ("", True)
+    assert trim("\n\tx = 1", ctx, final=False) == ("", True)
+    assert trim(" * 2\n    return y", ctx, final=False) == ("", True)
+    assert trim("\n  ", ctx, final=True) == ("", True)
+
+
+def test_nothing_held_mid_line_or_at_column_zero():
+    assert stop_context("x = foo(", ")").held == ""
+    assert stop_context("    return ", "").held == ""
+    assert stop_context("def f():\n", "").held == ""  # column 0: a lone line break is a natural boundary
+    assert stop_context("    ", "").held == ""  # nothing before the cursor but whitespace
+    assert stop_context("\n\n    ", "").held == ""
+    assert final("\nprint(1)", "x = 1\n", "") == "\nprint(1)"  # the model's text as it is

@@ -25,6 +25,19 @@ def test_short_prefix_is_whole_and_default_model_has_no_fim(hf):
     assert p.ids == hf("def f(x):\n    return", add_special_tokens=False)["input_ids"]
 
 
+def test_whitespace_before_the_cursor_is_held_back(hf):
+    # a body start: the prompt ends where the text does, before the line break and the indentation,
+    # which this BPE writes as one token ("\n   " + " return")
+    p = build_prompt(hf, "def f(x):\n    ", "\n", budget=256, fim=None)
+    assert (p.prefix, p.held) == ("def f(x):", "\n    ")
+    assert p.ids == hf("def f(x):", add_special_tokens=False)["input_ids"]
+    assert hf("def f(x):\n    return", add_special_tokens=False)["input_ids"][: len(p.ids)] == p.ids
+    # text before the cursor on its line, column 0, or only whitespace: nothing held back
+    for before in ("def f(x):\n    return ", "x = 1\n", "    ", "\n  "):
+        p = build_prompt(hf, before, "", budget=256, fim=None)
+        assert (p.prefix, p.held) == (before, "")
+
+
 def test_long_prefix_fits_budget_and_starts_on_a_grid_line(hf):
     text = source(400)
     p = build_prompt(hf, text, "", budget=800, fim=None)
