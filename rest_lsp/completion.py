@@ -215,23 +215,28 @@ class CompletionService:
             self._stop_ids = frozenset(
                 (special - fim_markers) | loaded.eos_token_ids | (self._fim.stop_ids if self._fim else set())
             )
+            replaced = None
             if self._datastore is None or old_key != loaded.tokenizer.key:
-                self._reset_datastore()
+                replaced = self._reset_datastore()
             self._ready.set()
+        if replaced is not None:
+            replaced.close()  # joins its merge thread: not under the lock, requests go on meanwhile
         self._buffers_dirty.set()  # buffers opened while loading
         self.events.message("info", f"rest-lsp: model {loaded.name} ready on {loaded.device}.")
         self._index_roots(generation)
 
-    def _reset_datastore(self) -> None:
+    def _reset_datastore(self):
+        """A new, empty datastore for a new tokenizer; returns the old one (or None) for the caller to close."""
         from rest_lsp.datastore import Datastore
 
         for index in self._indexes.values():
             index.stop()
         self._indexes = {}
-        self._datastore = Datastore()
+        old, self._datastore = self._datastore, Datastore()
         # open buffers go back in with the new tokenizer
         self._pending.update(self._buffers)
         self._buffers_dirty.set()
+        return old
 
     def _tokenize_batch(self, texts: list[str]) -> list[list[int]]:
         with self._tok_lock:

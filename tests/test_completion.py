@@ -1,5 +1,6 @@
 """The completion service without LSP: greedy equality, type-through, latest-wins, feedback."""
 
+import shutil
 import time
 from pathlib import Path
 
@@ -126,3 +127,28 @@ def test_closed_buffer_goes_back_to_what_the_indexer_keeps(service, workspace):
     assert _wait_for(lambda: proposes("def hidden_gadget", "(value"))
     service.close_buffer(secret)
     assert _wait_for(lambda: not proposes("def hidden_gadget", "("))
+
+
+def test_a_new_tokenizer_replaces_the_datastore_and_closes_the_old_one(tiny_models, tmp_path):
+    from transformers import AutoTokenizer
+
+    # the same weights with one more token: another tokenizer key, so the datastore is rebuilt
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(tiny_models["random"], other)
+    tok = AutoTokenizer.from_pretrained(str(other), local_files_only=True)
+    tok.add_tokens(["zebra_quux_token"])
+    tok.save_pretrained(other)
+    settings = Settings(model=str(tiny_models["random"]), debounce_ms=0, index_workspace=False)
+    svc = CompletionService(settings)
+    try:
+        svc.start([])
+        assert svc.wait_ready(120), svc.load_error
+        old = svc._datastore
+        svc.accept(None, "gamma = compute_gamma(limit=3)")  # a write starts the old store's merge thread
+        assert old._merger is not None and old._merger.is_alive()
+        svc.update_settings(Settings(**{**settings.__dict__, "model": str(other)}))
+        assert _wait_for(lambda: svc.ready and svc._datastore is not old, 120), svc.load_error
+        assert _wait_for(lambda: not old._merger.is_alive())
+        assert svc.drafts("gamma = compute_gamma") == []  # the new store starts empty
+    finally:
+        svc.close()
