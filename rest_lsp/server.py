@@ -38,6 +38,7 @@ LABEL_CHARS = 60
 class RestLanguageServer(LanguageServer):
     def __init__(self, settings: Settings):
         super().__init__("rest-lsp", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        self.defaults = settings  # the CLI flags: what a null setting from the editor goes back to
         self.settings = settings  # CLI flags, then initializationOptions, then didChangeConfiguration
         self.service: CompletionService | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -47,7 +48,7 @@ class RestLanguageServer(LanguageServer):
         self.window_show_message(types.ShowMessageParams(type=kind, message=text))
 
     def apply_settings(self, values: Any) -> None:
-        new, errors = self.settings.update(values)
+        new, errors = self.settings.update(values, self.defaults)
         self.settings = new
         if errors:
             self.show("error", "rest-lsp ignored invalid settings (defaults kept): " + " ".join(errors))

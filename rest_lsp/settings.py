@@ -2,7 +2,9 @@
 editor (`initializationOptions`, `workspace/didChangeConfiguration`).
 
 Editors send JSON with camelCase keys (`maxNewTokens`); Python callers may use
-snake_case. A bad value is reported in one sentence and the previous value is kept,
+snake_case. A null value means the default: the CLI flag when one was given, else
+the built-in value (an editor clearing `model` gets the `--model` of the command
+line, not the bundled model). A bad value is reported in one sentence and the previous value is kept,
 so a typo in an editor config never takes completions away.
 """
 
@@ -33,8 +35,12 @@ class Settings:
     max_file_bytes: int = 1_000_000
     cache_dir: str | None = None  # where the index persists; None = the platform cache dir
 
-    def update(self, values: Mapping[str, Any] | None) -> tuple["Settings", list[str]]:
-        """A copy with the valid entries of `values` applied, and one sentence per bad entry."""
+    def update(self, values: Mapping[str, Any] | None,
+               defaults: "Settings | None" = None) -> tuple["Settings", list[str]]:
+        """A copy with the valid entries of `values` applied, and one sentence per bad entry.
+
+        A null entry takes its value from `defaults` (the built-in values when None).
+        """
         if not values:
             return self, []
         if not isinstance(values, Mapping):
@@ -50,6 +56,9 @@ class Settings:
             name = _snake(key)
             if name not in known:
                 errors.append(f"Unknown setting {key!r}.")
+                continue
+            if value is None:
+                changes[name] = getattr(defaults if defaults is not None else Settings(), name)
                 continue
             try:
                 changes[name] = _check(name, value)
@@ -116,8 +125,8 @@ def _check(name: str, value: Any) -> Any:
         if value is not None and value not in _DTYPES:
             raise ValueError(f"expected one of {', '.join(_DTYPES)}, got {value!r}.")
         return value
-    # model, device, cache_dir: free-form strings (null = default)
-    if value is not None and (not isinstance(value, str) or not value.strip()):
+    # model, device, cache_dir: free-form strings (null, handled by `update`, is the default)
+    if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected a non-empty string or null, got {value!r}.")
     return value
 

@@ -1,0 +1,31 @@
+"""Settings from the editor over the command line's: a null value goes back to the CLI flag."""
+
+import argparse
+
+from rest_lsp import server
+from rest_lsp.settings import Settings
+
+
+def cli_settings(*argv: str) -> Settings:
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    return Settings.from_args(parser.parse_args(list(argv)))
+
+
+def test_null_from_the_editor_goes_back_to_the_command_line():
+    ls = server.create_server(cli_settings("--model", "/models/mine.gguf", "--max-new-tokens", "32"))
+    ls.apply_settings({"rest-lsp": {"model": "/models/other", "maxNewTokens": 8, "draftBudget": 4}})
+    assert (ls.settings.model, ls.settings.max_new_tokens, ls.settings.draft_budget) == ("/models/other", 8, 4)
+    # null: the CLI flag where one was given, the built-in value where not
+    ls.apply_settings({"model": None, "maxNewTokens": None, "draftBudget": None, "device": None})
+    assert (ls.settings.model, ls.settings.max_new_tokens) == ("/models/mine.gguf", 32)
+    assert (ls.settings.draft_budget, ls.settings.device) == (Settings().draft_budget, None)
+    assert ls.defaults.model == "/models/mine.gguf"  # the editor never changes the defaults
+
+
+def test_null_without_defaults_is_the_built_in_value():
+    s, errors = Settings(model="/m", max_new_tokens=9).update({"model": None, "max_new_tokens": None})
+    assert errors == [] and (s.model, s.max_new_tokens) == (None, Settings().max_new_tokens)
+    # a wrong type is still one sentence, and the previous value stays
+    s, errors = Settings(model="/m").update({"model": 3}, Settings(model="/cli"))
+    assert s.model == "/m" and len(errors) == 1 and "'model'" in errors[0]
