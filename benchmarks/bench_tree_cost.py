@@ -36,20 +36,20 @@ def main() -> None:
     text = (Path(sysconfig.get_paths()["stdlib"]) / "asyncio" / "base_events.py").read_text()
     prompt = loaded.tokenizer.encode(text)[: args.context]
     decoder = Decoder(loaded)
-    rows = []
-    for size in SIZES:
-        # a branchy tree: two children per node, breadth first, `size - 1` draft nodes under the root
-        conts = [(tuple(100 + ((i >> k) & 1) for k in range(6)), 1.0) for i in range(64)]
-        tree = build_tree(prompt[-1], conts, size - 1)
-        times = []
-        for _ in range(args.repeats + 2):
+    # a branchy tree: two children per node, breadth first, `size - 1` draft nodes under the root
+    conts = [(tuple(100 + ((i >> k) & 1) for k in range(6)), 1.0) for i in range(64)]
+    trees = {size: build_tree(prompt[-1], conts, size - 1) for size in SIZES}
+    times: dict[int, list[float]] = {size: [] for size in SIZES}
+    for rep in range(args.repeats + 1):
+        for size in SIZES:  # interleaved, so a slow moment of the machine hits every size alike
             decoder.prefill(prompt[:-1])  # crops the previous step's rows: same cache every time
             t0 = time.perf_counter()
-            logits_at = decoder.verify(tree)
+            logits_at = decoder.verify(trees[size])
             logits_at(0)
             sync_device(decoder.device)
-            times.append((time.perf_counter() - t0) * 1e3)
-        rows.append((size, statistics.median(times[2:])))
+            if rep:  # the first round warms up
+                times[size].append((time.perf_counter() - t0) * 1e3)
+    rows = [(size, statistics.median(times[size])) for size in SIZES]
     base = rows[0][1]
     print(f"model {loaded.name} on {loaded.device} ({loaded.dtype}), context {len(prompt)} tokens, "
           f"torch threads {torch.get_num_threads()}")
