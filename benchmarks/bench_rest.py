@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=None, help="draft nodes (default: the decoder's default for the device)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="rest")
+    ap.add_argument("--compare-fixed", action="store_true",
+                    help="also run REST with the full budget every step (no cut by the step-cost curve)")
     args = ap.parse_args()
 
     loaded = load_model(args.model, args.device, args.dtype)
@@ -134,6 +136,10 @@ def main() -> None:
         pld, pld_first_ms, pld_ms = hf_generate(model, prompt, n, prompt_lookup_num_tokens=10)
         decoder.reset()  # a cold cache per prompt, as for the others
         rest = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=n, budget=budget))
+        fixed = None
+        if args.compare_fixed:
+            decoder.reset()
+            fixed = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=n, budget=budget, fit_to_cost=False))
         store.put(str(path), token_lists[files.index(path)])
 
         rows.append({
@@ -151,6 +157,13 @@ def main() -> None:
             "pld_equals_plain": pld == plain,
             "rest_finish": rest.finish,
         })
+        if fixed is not None:
+            rows[-1].update({
+                "fixed_ms_per_token": fixed.ms_per_token,
+                "fixed_tokens_per_step": fixed.tokens_per_step,
+                "speedup_fixed": plain_ms / fixed.ms_per_token,
+                "fixed_equals_plain": fixed.tokens == plain,
+            })
         r = rows[-1]
         print(f"  {r['file']}:{r['line']}: plain {plain_ms:.1f} ms/tok, PLD {pld_ms:.1f}, REST {rest.ms_per_token:.1f} "
               f"({rest.tokens_per_step:.2f} tok/step), equal={r['rest_equals_plain']}", flush=True)
@@ -183,6 +196,11 @@ def main() -> None:
           f"{summary['median_rest_ms_per_token']:.1f} | {summary['median_rest_tokens_per_step']:.2f} | "
           f"{summary['median_speedup_pld']:.2f}x | {summary['median_speedup_rest']:.2f}x | "
           f"{summary['rest_identical']}/{len(rows)} |")
+    if args.compare_fixed:
+        print(f"\nREST with the full budget every step: median {med('fixed_ms_per_token'):.1f} ms/token, "
+              f"{med('fixed_tokens_per_step'):.2f} tokens/step, speedup {med('speedup_fixed'):.2f}x, "
+              f"identical {sum(r['fixed_equals_plain'] for r in rows)}/{len(rows)}")
+        summary.update({k: med(k) for k in ("fixed_ms_per_token", "fixed_tokens_per_step", "speedup_fixed")})
     print(f"\nREST decode time / plain decode time (median of per-prompt ratios): "
           f"{1 / summary['median_speedup_rest']:.3f}; PLD outputs identical to plain: {summary['pld_identical']}/{len(rows)}")
 

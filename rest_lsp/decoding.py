@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from rest_lsp.draft_tree import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+from rest_lsp.draft_tree import DraftTree, build_tree, fit_to_cost, tree_attention_mask, tree_position_ids
 from rest_lsp.drafts import DraftSource
 from rest_lsp.model import LoadedModel
 
@@ -24,10 +24,11 @@ class DecodeConfig:
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
-    # Draft nodes per step. On a 2-core CPU a 16-node tree costs ~1.5x a single step (measurements.md);
-    # GPUs can afford 64.
+    # Most draft nodes per step; GPUs can afford 64.
     budget: int = 16
     seed: int | None = None
+    # Cut each tree to the size that pays for itself on the decoder's step-cost curve.
+    fit_to_cost: bool = True
 
 
 @dataclass
@@ -46,6 +47,26 @@ class DecodeResult:
     @property
     def ms_per_token(self) -> float:
         return self.decode_ms / len(self.tokens) if self.tokens else 0.0
+
+
+
+
+def cost_curve(measured: dict[int, float]) -> list[float]:
+    """Relative step cost for every tree size up to the largest measured one, interpolated linearly."""
+    sizes = sorted(measured)
+    curve = [0.0]
+    for k in range(1, sizes[-1] + 1):
+        hi = next(s for s in sizes if s >= k)
+        lo = max((s for s in sizes if s <= k), default=hi)
+        t = 0.0 if hi == lo else (k - lo) / (hi - lo)
+        curve.append(measured[lo] + t * (measured[hi] - measured[lo]))
+    return curve
+
+
+# Time of a step verifying k tokens relative to a plain step: fp32, 2-core AVX-512 CPU, 512-token context
+# (benchmarks/bench_tree_cost.py). A GPU verifies a few dozen tokens in about the time of one.
+CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.63, 24: 3.01, 32: 3.40, 48: 4.17, 64: 4.93})
+FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
 
 
 def sync_device(device: torch.device) -> None:
@@ -73,6 +94,7 @@ class Decoder:
         self._cache: DynamicCache | None = None
         self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
         self.body, self.head = self._split_head()
+        self.step_cost = FLAT_STEP_COST if self.device.type == "cuda" else CPU_STEP_COST
 
     @torch.inference_mode()
     def _split_head(self):
@@ -220,6 +242,8 @@ class Decoder:
         steps, finish = 0, "length"
         while len(new) < config.max_new_tokens:
             tree = build_tree(seq[-1], drafts.continuations(seq) if config.budget > 0 else [], config.budget)
+            if config.fit_to_cost:
+                tree = fit_to_cost(tree, self.step_cost)
             base = self._cache.get_seq_length()
             logits_at = self.verify(tree)
             steps += 1

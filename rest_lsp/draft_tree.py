@@ -20,6 +20,9 @@ class DraftTree:
     tokens: list[int]  # [n+1], tokens[0] is the root
     parents: list[int]  # [n+1], parents[0] == -1
     depths: list[int]  # [n+1], depths[0] == 0
+    # [n+1]: the share of all retrieved continuations that pass through each node (1.0 at the root), an
+    # estimate of how likely the model is to reach and accept it
+    shares: tuple[float, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -55,7 +58,8 @@ def build_tree(root_token: int, continuations: Sequence[Continuation], budget: i
             weight[nxt] += w
             node = nxt
 
-    out_tokens, out_parents, out_depths = [root_token], [-1], [0]
+    total = sum(w for _, w in continuations if w > 0) or 1.0
+    out_tokens, out_parents, out_depths, out_shares = [root_token], [-1], [0], [1.0]
     # heap of (-weight, order, trie node, parent index in the output)
     order = 0
     frontier: list[tuple[float, int, int, int, int]] = []
@@ -68,10 +72,36 @@ def build_tree(root_token: int, continuations: Sequence[Continuation], budget: i
         out_tokens.append(token)
         out_parents.append(parent)
         out_depths.append(out_depths[parent] + 1)
+        out_shares.append(weight[node] / total)
         for t, child in trie[node].items():
             heapq.heappush(frontier, (-weight[child], order, child, t, index))
             order += 1
-    return DraftTree(out_tokens, out_parents, out_depths)
+    return DraftTree(out_tokens, out_parents, out_depths, tuple(out_shares))
+
+
+def fit_to_cost(tree: DraftTree, cost: Sequence[float]) -> DraftTree:
+    """Keep the first n drafts that maximise expected tokens per unit of time: (1 + sum of shares) / cost(n+1).
+
+    `cost[k]` is the time of a step verifying k tokens relative to a plain step (cost[1] == 1). Nodes come
+    heaviest first and every prefix of them is a whole tree, so cutting the tail keeps it valid. On a GPU the
+    curve is flat and the whole tree is kept; on a CPU a weak match gets a small tree or none.
+    """
+
+    def at(k: int) -> float:
+        if k < len(cost):
+            return cost[k]
+        slope = cost[-1] - cost[-2]  # beyond the table: extend its last segment
+        return cost[-1] + slope * (k - len(cost) + 1)
+
+    best_n, best, gain = 0, 1.0, 1.0
+    for n in range(1, len(tree)):
+        gain += tree.shares[n]
+        if gain / at(n + 1) > best:
+            best_n, best = n, gain / at(n + 1)
+    if best_n == len(tree) - 1:
+        return tree
+    k = best_n + 1
+    return DraftTree(tree.tokens[:k], tree.parents[:k], tree.depths[:k], tree.shares[:k])
 
 
 def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device=None) -> torch.Tensor:

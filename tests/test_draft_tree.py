@@ -76,3 +76,22 @@ def test_mask_and_positions_match_brute_force(seed):
         while tree.parents[j] >= 0:
             depth, j = depth + 1, tree.parents[j]
         assert pos[0, i].item() == past + depth
+
+
+def test_fit_to_cost_keeps_the_prefix_that_pays_for_itself():
+    from rest_lsp.draft_tree import fit_to_cost
+
+    # one sure chain of 6 tokens and many unlikely singletons
+    conts = [((1, 2, 3, 4, 5, 6), 90.0)] + [((t,), 1.0) for t in range(10, 20)]
+    tree = build_tree(0, conts, budget=16)
+    assert tree.shares[0] == 1.0 and abs(tree.shares[1] - 0.9) < 1e-9
+    flat = fit_to_cost(tree, [0.0, 1.0, 1.0])
+    assert flat == tree  # verification is free: keep everything
+    steep = [0.0] + [1.0 + 0.5 * k for k in range(64)]
+    cut = fit_to_cost(tree, steep)
+    assert cut.tokens == tree.tokens[:7]  # the chain pays (0.9 each), the 0.01 singletons do not
+    assert fit_to_cost(tree, [0.0, 1.0, 10.0]).tokens == [0]  # nothing pays: a plain step
+    # brute force: the chosen size maximises expected tokens per unit of cost
+    def value(n):
+        return (1 + sum(tree.shares[1 : n + 1])) / steep[n + 1]
+    assert max(range(len(tree)), key=value) == len(cut) - 1
