@@ -95,6 +95,10 @@ class Decoder:
         self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
         self.body, self.head = self._split_head()
         self.step_cost = FLAT_STEP_COST if self.device.type == "cuda" else CPU_STEP_COST
+        # Shares of retrieved continuations overstate how often the model agrees (a single 1-token match has a
+        # share of 1). Decayed sums of drafts accepted vs shares kept turn them into probabilities; they live as
+        # long as the decoder, so a server learns its workload. Starts from 2 pseudo-drafts at 50%.
+        self._accepted_drafts, self._expected_drafts = 1.0, 2.0
 
     @torch.inference_mode()
     def _split_head(self):
@@ -212,6 +216,20 @@ class Decoder:
             node = child
             path.append(node)
 
+    @property
+    def trust(self) -> float:
+        """Drafts accepted per unit of share kept, recently: the scale from shares to probabilities.
+
+        Floored at 1/4 so that a long, unanimous match is always tried again: a decoder that stopped drafting
+        could never learn that drafts got better.
+        """
+        return max(0.25, min(1.0, self._accepted_drafts / self._expected_drafts))
+
+    def _observe(self, tree: DraftTree, accepted_drafts: int) -> None:
+        if len(tree) > 1:
+            self._accepted_drafts = 0.9 * self._accepted_drafts + accepted_drafts
+            self._expected_drafts = 0.9 * self._expected_drafts + sum(tree.shares[1:])
+
     # -- the loop ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(
@@ -243,11 +261,12 @@ class Decoder:
         while len(new) < config.max_new_tokens:
             tree = build_tree(seq[-1], drafts.continuations(seq) if config.budget > 0 else [], config.budget)
             if config.fit_to_cost:
-                tree = fit_to_cost(tree, self.step_cost)
+                tree = fit_to_cost(tree, self.step_cost, self.trust)
             base = self._cache.get_seq_length()
             logits_at = self.verify(tree)
             steps += 1
             accepted, path = self.accept(tree, logits_at, config, gen)
+            self._observe(tree, len(path) - 1)
             accepted = accepted[: config.max_new_tokens - len(new)]
             # the root's row and the accepted drafts' rows stay; the bonus token is the next root
             self._keep_rows(base, path[: len(accepted)])

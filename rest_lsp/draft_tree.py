@@ -79,8 +79,9 @@ def build_tree(root_token: int, continuations: Sequence[Continuation], budget: i
     return DraftTree(out_tokens, out_parents, out_depths, tuple(out_shares))
 
 
-def fit_to_cost(tree: DraftTree, cost: Sequence[float]) -> DraftTree:
-    """Keep the first n drafts that maximise expected tokens per unit of time: (1 + sum of shares) / cost(n+1).
+def fit_to_cost(tree: DraftTree, cost: Sequence[float], trust: float = 1.0) -> DraftTree:
+    """Keep the first n drafts that maximise expected tokens per unit of time:
+    (1 + trust * sum of shares) / cost(n+1), where trust scales shares into acceptance probabilities.
 
     `cost[k]` is the time of a step verifying k tokens relative to a plain step (cost[1] == 1). Nodes come
     heaviest first and every prefix of them is a whole tree, so cutting the tail keeps it valid. On a GPU the
@@ -95,7 +96,7 @@ def fit_to_cost(tree: DraftTree, cost: Sequence[float]) -> DraftTree:
 
     best_n, best, gain = 0, 1.0, 1.0
     for n in range(1, len(tree)):
-        gain += tree.shares[n]
+        gain += trust * tree.shares[n]
         if gain / at(n + 1) > best:
             best_n, best = n, gain / at(n + 1)
     if best_n == len(tree) - 1:

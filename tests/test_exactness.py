@@ -55,7 +55,9 @@ def test_greedy_rest_equals_generate(tiny, budget):
         prompt = (motif * 8)[: rnd.randrange(1, 30)] + [rnd.randrange(vocab) for _ in range(rnd.randrange(0, 8))]
         truth = reference(tiny, prompt)
         for name, source in draft_sources(prompt, truth, vocab, rnd).items():
-            result = decoder.generate(prompt, source, DecodeConfig(max_new_tokens=N_NEW, budget=budget))
+            # whole trees, never cut by the cost curve: this test is about verifying trees of every shape
+            config = DecodeConfig(max_new_tokens=N_NEW, budget=budget, fit_to_cost=False)
+            result = decoder.generate(prompt, source, config)
             assert result.tokens == truth, (name, seed)
             assert result.finish == "length"
             stats.setdefault(name, []).append(result.tokens_per_step)
@@ -134,3 +136,17 @@ def test_full_logits_path_stays_exact(tiny):
         truth = reference(tiny, prompt, 24)
         result = decoder.generate(prompt, NgramDrafts([prompt + corrupted(truth, 5, 97, rnd)]), DecodeConfig(max_new_tokens=24, budget=16))
         assert result.tokens == truth
+
+
+def test_trust_in_drafts_follows_what_the_model_accepts(tiny):
+    vocab = tiny.model.config.vocab_size
+    rnd = random.Random(5)
+    prompt = [rnd.randrange(vocab) for _ in range(16)]
+    truth = reference(tiny, prompt, 150)
+    decoder = Decoder(tiny)
+    start = decoder.trust
+    decoder.generate(prompt, NgramDrafts([[rnd.randrange(vocab) for _ in range(3000)]]), DecodeConfig(max_new_tokens=40))
+    assert decoder.trust < start  # random drafts are rarely accepted
+    result = decoder.generate(prompt, NgramDrafts([prompt + truth]), DecodeConfig(max_new_tokens=150))
+    assert result.tokens == truth and result.tokens_per_step > 5  # long unanimous matches are still tried
+    assert decoder.trust > 0.8  # and, always accepted, they win the trust back
