@@ -118,6 +118,7 @@ def main() -> None:
           f"{len(points)} completion points; {args.max_new_tokens} new tokens; REST budget {budget}")
 
     decoder = Decoder(loaded)
+    fixed_decoder = Decoder(loaded)  # its own cache and its own trust in drafts
     n = args.max_new_tokens
     # warm up every path once (first calls allocate and pick kernels)
     warm = tok.encode("def warm_up(x):\n    return x\n")
@@ -138,8 +139,8 @@ def main() -> None:
         rest = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=n, budget=budget))
         fixed = None
         if args.compare_fixed:
-            decoder.reset()
-            fixed = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=n, budget=budget, fit_to_cost=False))
+            fixed_decoder.reset()
+            fixed = fixed_decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=n, budget=budget, fit_to_cost=False))
         store.put(str(path), token_lists[files.index(path)])
 
         rows.append({
