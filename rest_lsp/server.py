@@ -51,7 +51,7 @@ class RestLanguageServer(LanguageServer):
         new, errors = self.settings.update(values, self.defaults)
         self.settings = new
         if errors:
-            self.show("error", "rest-lsp ignored invalid settings (defaults kept): " + " ".join(errors))
+            self.show("error", "rest-lsp ignored invalid settings (previous values kept): " + " ".join(errors))
         if self.service is not None:
             self.service.update_settings(new)
 
