@@ -236,7 +236,7 @@ def table(results: dict) -> str:
             cell = f"{c['median_ms']:.0f} ({c['min_ms']:.0f}-{c['max_ms']:.0f})"
             if c["type_through"]:
                 cell += f"; {c['type_through']} type-through, decoded only: {c['decoded_median_ms']:.0f}" \
-                    if c["decoded_median_ms"] is not None else f"; all type-through"
+                    if c["decoded_median_ms"] is not None else "; all type-through"
             cells.append(cell)
         lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
     stats = results["server_stats"]

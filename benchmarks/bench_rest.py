@@ -27,8 +27,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from rest_lsp.datastore import Datastore
 from rest_lsp.decoding import DecodeConfig, Decoder
-from rest_lsp.drafts import ContextLookup, MixedDrafts
-from rest_lsp.generation import CONTEXT_WEIGHT, WORKSPACE_WEIGHT
+from rest_lsp.drafts import ContextLookup, context_and_workspace
 from rest_lsp.model import load_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -131,7 +130,7 @@ def main() -> None:
         text = path.read_text(encoding="utf-8", errors="replace")[:offset]
         prompt = tok.encode(text)[-args.context:]
         store.remove(str(path))  # the function being written is not in the workspace yet
-        drafts = MixedDrafts([(ContextLookup(), CONTEXT_WEIGHT), (store, WORKSPACE_WEIGHT)])
+        drafts = context_and_workspace(store)
 
         plain, plain_first_ms, plain_ms = hf_generate(model, prompt, n)
         pld, pld_first_ms, pld_ms = hf_generate(model, prompt, n, prompt_lookup_num_tokens=10)

@@ -22,7 +22,7 @@ from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from rest_lsp.postprocess import StopContext, stop_context, trim
 from rest_lsp.prompt import Fim, build_prompt, detect_fim
@@ -30,10 +30,6 @@ from rest_lsp.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# Weights of the draft sources in one tree: the prompt itself is the closest context,
-# the workspace (open buffers, accepted text, files) comes second (measurements.md).
-LOCAL_WEIGHT = 2.0
-WORKSPACE_WEIGHT = 1.0
 BUFFER_DEBOUNCE_S = 0.25  # open buffers are re-tokenized at most this often
 TYPE_THROUGH_ENTRIES = 8
 ACCEPT_CONTEXT_CHARS = 256  # text before an accepted completion stored with it, so drafts match where it goes
@@ -460,11 +456,11 @@ class CompletionService:
                     self._running = None
 
     def _draft_source(self):
-        from rest_lsp.drafts import ContextLookup, MixedDrafts, NoDrafts
+        from rest_lsp.drafts import NoDrafts, context_and_workspace
 
         if self.settings.draft_budget <= 0:
             return NoDrafts()
-        return MixedDrafts([(ContextLookup(), LOCAL_WEIGHT), (self._datastore, WORKSPACE_WEIGHT)])
+        return context_and_workspace(self._datastore)
 
     def _complete(self, job: _Job) -> Completion | None:
         from rest_lsp.decoding import DecodeConfig

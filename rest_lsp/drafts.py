@@ -130,3 +130,14 @@ class MixedDrafts:
             for tokens, w in found:
                 merged[tokens] = merged.get(tokens, 0.0) + weight * w / total
         return sorted(merged.items(), key=lambda kv: -kv[1])
+
+
+# The context (prompt + generated text) is the closest source to what comes next; the workspace adds what the
+# context has never seen. measurements.md: global counts alone do worse than the prompt alone.
+CONTEXT_WEIGHT = 2.0
+WORKSPACE_WEIGHT = 1.0
+
+
+def context_and_workspace(workspace: DraftSource) -> MixedDrafts:
+    """The drafts REST uses everywhere: the context itself, then the workspace datastore."""
+    return MixedDrafts([(ContextLookup(), CONTEXT_WEIGHT), (workspace, WORKSPACE_WEIGHT)])

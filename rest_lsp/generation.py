@@ -8,13 +8,8 @@ from typing import Callable
 
 from rest_lsp.decoding import DecodeConfig, Decoder
 from rest_lsp.errors import UserError
-from rest_lsp.drafts import ContextLookup, DraftSource, MixedDrafts, NoDrafts
+from rest_lsp.drafts import ContextLookup, DraftSource, NoDrafts, context_and_workspace
 from rest_lsp.model import LoadedModel, load_model
-
-# The context (prompt + generated text) is the closest source to what comes next; the workspace adds what the
-# context has never seen. measurements.md: global counts alone do worse than the prompt alone.
-CONTEXT_WEIGHT = 2.0
-WORKSPACE_WEIGHT = 1.0
 
 
 def default_budget(loaded: LoadedModel) -> int:
@@ -71,7 +66,7 @@ def run_generate(request: GenerateRequest, warn: Callable[[str], None]) -> dict:
     if request.rest:
         drafts = ContextLookup()
         if request.workspace is not None:
-            drafts = MixedDrafts([(drafts, CONTEXT_WEIGHT), (workspace_drafts(request.workspace, loaded), WORKSPACE_WEIGHT)])
+            drafts = context_and_workspace(workspace_drafts(request.workspace, loaded))
 
     config = DecodeConfig(
         max_new_tokens=request.max_new_tokens,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 # Keys an editor may wrap our settings in (VS Code sends {"rest-lsp": {...}} for a section).

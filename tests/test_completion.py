@@ -2,7 +2,6 @@
 
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 from conftest_server import greedy, tiny_models  # noqa: F401  (fixture)

@@ -86,7 +86,6 @@ def test_cache_reuse_across_calls_stays_exact(tiny):
 
 
 def test_eos_stops_and_is_kept(tiny):
-    vocab = tiny.model.config.vocab_size
     prompt = [1, 2, 3, 4, 5]
     truth = reference(tiny, prompt, 30)
     eos = truth[12]

@@ -1,6 +1,5 @@
 """Prompt building: token budget, stable window start, FIM templates from the vocabulary."""
 
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer

@@ -5,7 +5,6 @@ import asyncio
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
