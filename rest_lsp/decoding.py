@@ -14,8 +14,9 @@ from typing import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
+from rest_lsp.acceptance import AcceptanceModel
 from rest_lsp.draft_tree import DraftTree, build_tree, fit_to_cost, tree_attention_mask, tree_position_ids
-from rest_lsp.drafts import DraftSource
+from rest_lsp.drafts import DraftSource, propose
 from rest_lsp.model import LoadedModel
 
 
@@ -74,6 +75,18 @@ def sync_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _memo(logits_at: Callable[[int], torch.Tensor]) -> Callable[[int], torch.Tensor]:
+    """Logits at a node computed once, however often the walk and the learners ask."""
+    done: dict[int, torch.Tensor] = {}
+
+    def at(node: int) -> torch.Tensor:
+        if node not in done:
+            done[node] = logits_at(node)
+        return done[node]
+
+    return at
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -85,7 +98,7 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class Decoder:
     """Runs one model; keeps the KV cache of its last sequence so the next prompt pays only for what changed."""
 
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, acceptance: AcceptanceModel | None = None):
         self.model = loaded.model
         self.device = loaded.device
         self.dtype = next(loaded.model.parameters()).dtype
@@ -95,10 +108,9 @@ class Decoder:
         self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
         self.body, self.head = self._split_head()
         self.step_cost = FLAT_STEP_COST if self.device.type == "cuda" else CPU_STEP_COST
-        # Shares of retrieved continuations overstate how often the model agrees (a single 1-token match has a
-        # share of 1). Decayed sums of drafts accepted vs shares kept turn them into probabilities; they live as
-        # long as the decoder, so a server learns its workload. Starts from 2 pseudo-drafts at 50%.
-        self._accepted_drafts, self._expected_drafts = 1.0, 2.0
+        # What sources claim is not how often the model agrees: learned per (source, match length, depth) from
+        # every walk, for as long as the decoder lives (and longer, when its owner saves it).
+        self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
 
     @torch.inference_mode()
     def _split_head(self):
@@ -165,9 +177,10 @@ class Decoder:
         """
         past = self._cache.get_seq_length()
         ids = torch.tensor([tree.tokens], device=self.device)  # [1, n+1]
-        mask = tree_attention_mask(tree, past, self.dtype, self.device)  # [1, 1, n+1, past+n+1]
         pos = tree_position_ids(tree, past, self.device)  # [1, n+1]
-        kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self._cache, use_cache=True)
+        kwargs = dict(input_ids=ids, position_ids=pos, cache=self._cache, use_cache=True)
+        if len(tree) > 1:  # a lone root is a plain step: one query sees the whole cache, no mask to build
+            kwargs["attention_mask"] = tree_attention_mask(tree, past, self.dtype, self.device)  # [1, 1, n+1, past+n+1]
         if self.body is None:
             logits = self.model(**kwargs).logits[0].float()  # [n+1, V]
             return lambda node: logits[node]
@@ -216,19 +229,25 @@ class Decoder:
             node = child
             path.append(node)
 
-    @property
-    def trust(self) -> float:
-        """Drafts accepted per unit of share kept, recently: the scale from shares to probabilities.
+    def _observe(self, tree: DraftTree, path: list[int], chosen: list[int]) -> None:
+        """Teach the acceptance model: every child of a node the walk reached was tried against the model's token
+        there (chosen[i] at path[i]); the one holding it was accepted."""
+        if len(tree) == 1:
+            return
+        kids = tree.children()
+        for node, token in zip(path, chosen):
+            for child_token, child in kids[node].items():
+                for key, ratio in tree.votes[child]:
+                    self.acceptance.observe(key, ratio, child_token == token)
 
-        Floored at 1/4 so that a long, unanimous match is always tried again: a decoder that stopped drafting
-        could never learn that drafts got better.
-        """
-        return max(0.25, min(1.0, self._accepted_drafts / self._expected_drafts))
-
-    def _observe(self, tree: DraftTree, accepted_drafts: int) -> None:
-        if len(tree) > 1:
-            self._accepted_drafts = 0.9 * self._accepted_drafts + accepted_drafts
-            self._expected_drafts = 0.9 * self._expected_drafts + sum(tree.shares[1:])
+    @staticmethod
+    def _recycle(drafts: DraftSource, tree: DraftTree, path: list[int], logits_at) -> None:
+        """Hand the model's distribution after each visited token to sources that learn its habits (no extra pass:
+        the walk computed these logits already)."""
+        for node in path:
+            probs = torch.softmax(logits_at(node), dim=-1)  # [V]
+            top = torch.topk(probs, 8)
+            drafts.observe_successors(tree.tokens[node], top.indices.tolist(), top.values.tolist())
 
     # -- the loop ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -258,15 +277,19 @@ class Decoder:
         seq = list(prompt)
         new: list[int] = []
         steps, finish = 0, "length"
+        recycle = config.budget > 0 and getattr(drafts, "wants_successors", hasattr(drafts, "observe_successors"))
         while len(new) < config.max_new_tokens:
-            tree = build_tree(seq[-1], drafts.continuations(seq) if config.budget > 0 else [], config.budget)
+            proposals = propose(drafts, seq) if config.budget > 0 else []
+            tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
             if config.fit_to_cost:
-                tree = fit_to_cost(tree, self.step_cost, self.trust)
+                tree = fit_to_cost(tree, self.step_cost)
             base = self._cache.get_seq_length()
-            logits_at = self.verify(tree)
+            logits_at = _memo(self.verify(tree))
             steps += 1
             accepted, path = self.accept(tree, logits_at, config, gen)
-            self._observe(tree, len(path) - 1)
+            self._observe(tree, path, accepted)
+            if recycle:
+                self._recycle(drafts, tree, path, logits_at)
             accepted = accepted[: config.max_new_tokens - len(new)]
             # the root's row and the accepted drafts' rows stay; the bonus token is the next root
             self._keep_rows(base, path[: len(accepted)])

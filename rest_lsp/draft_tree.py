@@ -12,7 +12,8 @@ from typing import Sequence
 
 import torch
 
-from rest_lsp.drafts import Continuation
+from rest_lsp.acceptance import AcceptanceModel, Key, bucket
+from rest_lsp.drafts import Continuation, Proposal
 
 
 @dataclass(frozen=True)
@@ -20,9 +21,11 @@ class DraftTree:
     tokens: list[int]  # [n+1], tokens[0] is the root
     parents: list[int]  # [n+1], parents[0] == -1
     depths: list[int]  # [n+1], depths[0] == 0
-    # [n+1]: the share of all retrieved continuations that pass through each node (1.0 at the root), an
-    # estimate of how likely the model is to reach and accept it
+    # [n+1]: the estimated probability that the model accepts each node (the product of the conditional
+    # probabilities along its path; 1.0 at the root). Never more than the parent's.
     shares: tuple[float, ...] = ()
+    # [n+1]: per node, the (acceptance bucket, ratio) of each source that proposed it, for learning
+    votes: tuple[tuple[tuple[Key, float], ...], ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -34,54 +37,80 @@ class DraftTree:
             kids[self.parents[i]][self.tokens[i]] = i
         return kids
 
+    def prefix(self, k: int) -> "DraftTree":
+        """The first k nodes (a whole tree: parents come first)."""
+        return DraftTree(self.tokens[:k], self.parents[:k], self.depths[:k], self.shares[:k], self.votes[:k])
 
-def build_tree(root_token: int, continuations: Sequence[Continuation], budget: int) -> DraftTree:
-    """Merge continuations into a trie (a shared prefix is one node) and keep the `budget` heaviest nodes.
 
-    A node weighs the sum of the continuations that pass through it, so it never outweighs its parent; taking
-    nodes best-first from a frontier keeps every kept node's parent.
+def build_tree(
+    root_token: int,
+    proposals: Sequence[Proposal] | Sequence[Continuation],
+    budget: int,
+    acceptance: AcceptanceModel | None = None,
+) -> DraftTree:
+    """Merge proposals into one trie (a shared prefix is one node) and keep the `budget` likeliest nodes.
+
+    A node's probability given its parent: each proposing source says min(1, scale * ratio), its scale learned by
+    `acceptance` (1 without it); sources that agree combine as independent witnesses, 1 - prod(1 - p). A node's
+    probability is the product along its path, so it never exceeds its parent's, and taking nodes best-first from
+    a frontier keeps every kept node's parent. Plain continuations are one proposal of unknown origin.
     """
-    # trie[i] = {token: child index}; weight[i] accumulates
+    if proposals and not isinstance(proposals[0], Proposal):
+        proposals = [Proposal.from_continuations("drafts", 0, proposals, max_nodes=1 << 30)]
+    # trie over all proposals: children, token, and the votes (bucket, ratio) each node received
     trie: list[dict[int, int]] = [{}]
-    weight: list[float] = [0.0]
-    for tokens, w in continuations:
-        if w <= 0:
-            continue
-        node = 0
-        for t in tokens:
-            nxt = trie[node].get(t)
-            if nxt is None:
-                nxt = len(trie)
-                trie[node][t] = nxt
+    toks: list[int] = [root_token]
+    votes: list[list[tuple[Key, float]]] = [[]]
+    depth: list[int] = [0]
+    for prop in proposals:
+        where = [0] * len(prop)  # proposal index -> trie node
+        for i, (t, parent, ratio) in enumerate(zip(prop.tokens, prop.parents, prop.ratios)):
+            up = 0 if parent < 0 else where[parent]
+            node = trie[up].get(t)
+            if node is None:
+                node = len(trie)
+                trie[up][t] = node
                 trie.append({})
-                weight.append(0.0)
-            weight[nxt] += w
-            node = nxt
+                toks.append(t)
+                votes.append([])
+                depth.append(depth[up] + 1)
+            key = bucket(prop.source, prop.match_length, depth[node])
+            votes[node].append((key, ratio))
+            where[i] = node
 
-    total = sum(w for _, w in continuations if w > 0) or 1.0
-    out_tokens, out_parents, out_depths, out_shares = [root_token], [-1], [0], [1.0]
-    # heap of (-weight, order, trie node, parent index in the output)
+    def chance(node: int) -> float:
+        miss = 1.0
+        for key, ratio in votes[node]:
+            p = min(1.0, ratio) if acceptance is None else acceptance.probability(key, ratio)
+            miss *= 1.0 - p
+        return 1.0 - miss
+
+    out_tokens, out_parents, out_depths, out_shares, out_votes = [root_token], [-1], [0], [1.0], [()]
     order = 0
-    frontier: list[tuple[float, int, int, int, int]] = []
-    for t, child in trie[0].items():
-        heapq.heappush(frontier, (-weight[child], order, child, t, 0))
+    # heap of (-path probability, order, trie node, parent index in the output)
+    frontier: list[tuple[float, int, int, int]] = []
+    for child in trie[0].values():
+        heapq.heappush(frontier, (-chance(child), order, child, 0))
         order += 1
     while frontier and len(out_tokens) <= budget:
-        _, _, node, token, parent = heapq.heappop(frontier)
+        neg, _, node, parent = heapq.heappop(frontier)
+        if neg >= 0:
+            break  # probability 0: never worth a slot
         index = len(out_tokens)
-        out_tokens.append(token)
+        out_tokens.append(toks[node])
         out_parents.append(parent)
-        out_depths.append(out_depths[parent] + 1)
-        out_shares.append(weight[node] / total)
-        for t, child in trie[node].items():
-            heapq.heappush(frontier, (-weight[child], order, child, t, index))
+        out_depths.append(depth[node])
+        out_shares.append(-neg)
+        out_votes.append(tuple(votes[node]))
+        for child in trie[node].values():
+            heapq.heappush(frontier, (neg * chance(child), order, child, index))
             order += 1
-    return DraftTree(out_tokens, out_parents, out_depths, tuple(out_shares))
+    return DraftTree(out_tokens, out_parents, out_depths, tuple(out_shares), tuple(out_votes))
 
 
 def fit_to_cost(tree: DraftTree, cost: Sequence[float], trust: float = 1.0) -> DraftTree:
     """Keep the first n drafts that maximise expected tokens per unit of time:
-    (1 + trust * sum of shares) / cost(n+1), where trust scales shares into acceptance probabilities.
+    (1 + trust * sum of node probabilities) / cost(n+1); `trust` scales them further (1: take them as they are).
 
     `cost[k]` is the time of a step verifying k tokens relative to a plain step (cost[1] == 1). Nodes come
     heaviest first and every prefix of them is a whole tree, so cutting the tail keeps it valid. On a GPU the
@@ -101,8 +130,7 @@ def fit_to_cost(tree: DraftTree, cost: Sequence[float], trust: float = 1.0) -> D
             best_n, best = n, gain / at(n + 1)
     if best_n == len(tree) - 1:
         return tree
-    k = best_n + 1
-    return DraftTree(tree.tokens[:k], tree.parents[:k], tree.depths[:k], tree.shares[:k])
+    return tree.prefix(best_n + 1)
 
 
 def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device=None) -> torch.Tensor:

@@ -1,12 +1,18 @@
-"""The contract between whatever proposes draft tokens and the decoder, and the simple sources.
+"""The contract between whatever proposes draft tokens and the decoder, and the sources that see token ids only.
 
-A draft source sees token ids only. Given the tokens so far it returns the continuations it has seen after their
-longest matching suffix, each with a weight (a count, or a count scaled by how close its source is to the user).
-The decoder merges them into one draft tree; it never asks where they came from.
+A draft source is given the tokens so far. Its simple form returns the continuations it has seen after the longest
+suffix of them it found, each with a weight (a count, or a count scaled by how close its origin is to the user).
+Its rich form, `propose`, returns `Proposal`s: the same continuations as a small forest, plus how long a suffix
+matched, so that the decoder can learn per source and match length how often the model agrees (acceptance.py).
+The decoder merges all proposals into one draft tree; it never asks what a source is.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
+from collections import deque
+from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
 import numpy as np
@@ -16,14 +22,88 @@ Continuation = tuple[tuple[int, ...], float]
 MAX_SUFFIX = 16
 CONTINUATION_LENGTH = 10
 MAX_MATCHES = 2000
+# Nodes one proposal may bring: the tree keeps 16-64, and every node costs Python work at each step.
+PROPOSAL_NODES = 48
+# A match this short is weak evidence; below it the fallback source (the model's own habits) is consulted too.
+WEAK_MATCH = 2
 
 _SEP = -1  # between streams: equals no token, so a match or a continuation never crosses it
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What one source proposes on top of the context: a forest of draft tokens.
+
+    `parents[i]` is the index of node i's parent in this proposal, -1 for a child of the context's last token;
+    parents come first. `ratios[i]` is the source's own estimate of P(node i | its parent was accepted): the
+    share of its continuations through the parent that go on through node i. The decoder calibrates it.
+    """
+
+    source: str
+    match_length: int  # context tokens the source matched (0: not from a match)
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    ratios: tuple[float, ...]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def from_continuations(
+        cls, source: str, match_length: int, continuations: Sequence[Continuation], max_nodes: int = PROPOSAL_NODES
+    ) -> "Proposal":
+        """Merge continuations into a trie (a shared prefix is one node) and keep its `max_nodes` likeliest nodes."""
+        trie: list[dict[int, int]] = [{}]
+        weight = [0.0]
+        for tokens, w in continuations:
+            if w <= 0:
+                continue
+            node = 0
+            for t in tokens:
+                nxt = trie[node].get(t)
+                if nxt is None:
+                    nxt = len(trie)
+                    trie[node][t] = nxt
+                    trie.append({})
+                    weight.append(0.0)
+                weight[nxt] += w
+                node = nxt
+        weight[0] = sum(weight[c] for c in trie[0].values())
+        if weight[0] <= 0:
+            return cls(source, match_length, (), (), ())
+        # best-first by path share (= weight / total), which never exceeds the parent's: kept nodes keep parents
+        out_tokens: list[int] = []
+        out_parents: list[int] = []
+        out_ratios: list[float] = []
+        frontier = [(-weight[c] / weight[0], c, t, 0, -1) for t, c in trie[0].items()]
+        heapq.heapify(frontier)
+        while frontier and len(out_tokens) < max_nodes:
+            _, node, token, parent_node, parent = heapq.heappop(frontier)
+            index = len(out_tokens)
+            out_tokens.append(token)
+            out_parents.append(parent)
+            out_ratios.append(weight[node] / weight[parent_node])
+            for t, c in trie[node].items():
+                heapq.heappush(frontier, (-weight[c] / weight[0], c, t, node, index))
+        return cls(source, match_length, tuple(out_tokens), tuple(out_parents), tuple(out_ratios))
 
 
 class DraftSource(Protocol):
     def continuations(self, context: Sequence[int]) -> list[Continuation]:
         """Continuations of the longest suffix of `context` found, heaviest first."""
         ...
+
+
+def propose(source: DraftSource, context: Sequence[int], name: str | None = None) -> list[Proposal]:
+    """A source's proposals: its own `propose` when it has one, else its continuations as one proposal."""
+    if hasattr(source, "propose"):
+        found = source.propose(context)
+    else:
+        conts = source.continuations(context)
+        found = [Proposal.from_continuations(type(source).__name__, 0, conts)] if conts else []
+    if name is not None:
+        found = [dataclasses.replace(p, source=name) for p in found]
+    return [p for p in found if len(p)]
 
 
 class NoDrafts:
@@ -33,15 +113,16 @@ class NoDrafts:
         return []
 
 
-def _longest_match_continuations(
+def _longest_match(
     corpus: np.ndarray, candidates: np.ndarray, query: np.ndarray, max_suffix: int, length: int, max_matches: int
-) -> list[Continuation]:
+) -> tuple[int, list[Continuation]]:
     """`candidates` are corpus positions holding query[-1]; keep those matching the longest suffix of `query`.
 
-    Each survivor contributes the tokens after it, up to `length`, cut at a stream separator.
+    Returns (matched length, continuations): each survivor contributes the tokens after it, up to `length`, cut at
+    a stream separator.
     """
     if candidates.size == 0:
-        return []
+        return 0, []
     matched = np.ones(candidates.size, dtype=np.int64)
     alive = np.ones(candidates.size, dtype=bool)
     for k in range(1, min(max_suffix, len(query))):
@@ -52,7 +133,7 @@ def _longest_match_continuations(
             break
         matched[ok] += 1
         alive = ok
-    best = matched.max()
+    best = int(matched.max())
     starts = candidates[matched == best][-max_matches:] + 1  # most recent occurrences when capped
     counts: dict[tuple[int, ...], float] = {}
     for s in starts.tolist():
@@ -63,25 +144,43 @@ def _longest_match_continuations(
         if cont.size:
             key = tuple(cont.tolist())
             counts[key] = counts.get(key, 0.0) + 1.0
-    return sorted(counts.items(), key=lambda kv: -kv[1])
+    return best, sorted(counts.items(), key=lambda kv: -kv[1])
 
 
-class ContextLookup:
+class _MatchingSource:
+    """A source that finds the longest match and its continuations; `propose` wraps them with the match length."""
+
+    name = "drafts"
+
+    def match(self, context: Sequence[int]) -> tuple[int, list[Continuation]]:
+        raise NotImplementedError
+
+    def continuations(self, context: Sequence[int]) -> list[Continuation]:
+        return self.match(context)[1]
+
+    def propose(self, context: Sequence[int]) -> list[Proposal]:
+        length, conts = self.match(context)
+        return [Proposal.from_continuations(self.name, length, conts)] if conts else []
+
+
+class ContextLookup(_MatchingSource):
     """Prompt lookup over the context itself: the prompt plus everything generated so far."""
+
+    name = "context"
 
     def __init__(self, max_suffix: int = MAX_SUFFIX, length: int = CONTINUATION_LENGTH, max_matches: int = MAX_MATCHES):
         self.max_suffix, self.length, self.max_matches = max_suffix, length, max_matches
 
-    def continuations(self, context: Sequence[int]) -> list[Continuation]:
+    def match(self, context: Sequence[int]) -> tuple[int, list[Continuation]]:
         if len(context) < 2:
-            return []
+            return 0, []
         ctx = np.asarray(context, dtype=np.int64)
         # the last position is the query itself, never its own match
         candidates = np.nonzero(ctx[:-1] == ctx[-1])[0]
-        return _longest_match_continuations(ctx, candidates, ctx, self.max_suffix, self.length, self.max_matches)
+        return _longest_match(ctx, candidates, ctx, self.max_suffix, self.length, self.max_matches)
 
 
-class NgramDrafts:
+class NgramDrafts(_MatchingSource):
     """An in-memory index of fixed token streams (the files of a folder, a prompt); streams never run together."""
 
     def __init__(
@@ -90,6 +189,7 @@ class NgramDrafts:
         max_suffix: int = MAX_SUFFIX,
         length: int = CONTINUATION_LENGTH,
         max_matches: int = MAX_MATCHES,
+        name: str = "ngram",
     ):
         parts: list[np.ndarray] = []
         for s in streams:
@@ -100,44 +200,196 @@ class NgramDrafts:
         self._order = np.argsort(self.corpus, kind="stable")
         self._sorted = self.corpus[self._order]
         self.max_suffix, self.length, self.max_matches = max_suffix, length, max_matches
+        self.name = name
 
-    def continuations(self, context: Sequence[int]) -> list[Continuation]:
-        if not len(context):
-            return []
+    def match(self, context: Sequence[int]) -> tuple[int, list[Continuation]]:
+        if not len(context) or not self.corpus.size:
+            return 0, []
         last = context[-1]
         lo, hi = np.searchsorted(self._sorted, [last, last + 1])
         candidates = self._order[lo:hi]  # ascending: the sort was stable
         query = np.asarray(context[-self.max_suffix :], dtype=np.int64)
-        return _longest_match_continuations(
-            self.corpus, candidates, query, self.max_suffix, self.length, self.max_matches
-        )
+        return _longest_match(self.corpus, candidates, query, self.max_suffix, self.length, self.max_matches)
 
 
-class MixedDrafts:
-    """Several sources in one tree. Each source's weights are scaled to sum to its own weight, so a big, distant
-    corpus with thousands of matches cannot drown the few, more relevant matches of the current file."""
+class OutputStore(_MatchingSource):
+    """The model's own recent outputs, each after the context tokens it followed: a bounded, recent store.
 
-    def __init__(self, sources: Sequence[tuple[DraftSource, float]]):
-        self.sources = list(sources)
+    An editor asks at the same places again and again (the next line, the same line after a keystroke); what the
+    model wrote there a moment ago, shown or not, is the best guess of what it will write now. Oldest outputs go
+    first once `max_tokens` is exceeded. The index is rebuilt lazily, at the first query after a change.
+    """
+
+    name = "outputs"
+
+    def __init__(self, max_tokens: int = 1 << 16, max_suffix: int = MAX_SUFFIX, length: int = CONTINUATION_LENGTH):
+        self.max_tokens, self.max_suffix, self.length = max_tokens, max_suffix, length
+        self._streams: deque[tuple[int, ...]] = deque()
+        self._tokens = 0
+        self._index: NgramDrafts | None = None
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def add(self, context_tail: Sequence[int], output: Sequence[int]) -> None:
+        if not output:
+            return
+        stream = tuple(context_tail) + tuple(output)
+        self._streams.append(stream)
+        self._tokens += len(stream)
+        while self._tokens > self.max_tokens and len(self._streams) > 1:
+            self._tokens -= len(self._streams.popleft())
+        self._index = None
+
+    def match(self, context: Sequence[int]) -> tuple[int, list[Continuation]]:
+        if not self._streams:
+            return 0, []
+        index = self._index
+        if index is None:
+            index = self._index = NgramDrafts(list(self._streams), self.max_suffix, self.length, name=self.name)
+        return index.match(context)
+
+
+class SuccessorTable:
+    """The model's own habits: for each token id, its likeliest next tokens, from logits already computed.
+
+    Token Recycling's idea (arXiv 2408.08696): every verification step computes the model's distribution after
+    the tokens it visits; keeping each one's top-k gives drafts when retrieval finds nothing. The decoder feeds it
+    through `observe_successors`; `propose` expands the table best-first into a small tree.
+    """
+
+    name = "recycle"
+
+    def __init__(self, k: int = 8, max_nodes: int = 24, max_depth: int = 6):
+        self.k, self.max_nodes, self.max_depth = k, max_nodes, max_depth
+        self._ids: dict[int, np.ndarray] = {}  # token -> [k] ids, likeliest first
+        self._probs: dict[int, np.ndarray] = {}  # token -> [k] probabilities
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def observe_successors(self, token: int, ids: Sequence[int], probs: Sequence[float]) -> None:
+        self._ids[int(token)] = np.asarray(ids[: self.k], dtype=np.int64)
+        self._probs[int(token)] = np.asarray(probs[: self.k], dtype=np.float64)
 
     def continuations(self, context: Sequence[int]) -> list[Continuation]:
+        return []  # a tree, not continuations: see propose
+
+    def propose(self, context: Sequence[int]) -> list[Proposal]:
+        if not len(context) or int(context[-1]) not in self._ids:
+            return []
+        tokens: list[int] = []
+        parents: list[int] = []
+        ratios: list[float] = []
+        # (-path probability, order, token, parent index, probability given the parent, depth)
+        frontier: list[tuple[float, int, int, int, float, int]] = []
+        order = 0
+
+        def expand(token: int, parent: int, path_p: float, depth: int) -> None:
+            nonlocal order
+            if depth > self.max_depth or token not in self._ids:
+                return
+            for t, p in zip(self._ids[token].tolist(), self._probs[token].tolist()):
+                if p > 0:
+                    heapq.heappush(frontier, (-path_p * p, order, t, parent, p, depth))
+                    order += 1
+
+        expand(int(context[-1]), -1, 1.0, 1)
+        while frontier and len(tokens) < self.max_nodes:
+            neg, _, token, parent, p, depth = heapq.heappop(frontier)
+            tokens.append(token)
+            parents.append(parent)
+            ratios.append(p)
+            expand(token, len(tokens) - 1, -neg, depth + 1)
+        return [Proposal(self.name, 0, tuple(tokens), tuple(parents), tuple(ratios))]
+
+
+class DatastoreDrafts:
+    """The workspace datastore as a draft source (duck-typed: anything with `lookup(context, limit, weighted)`)."""
+
+    name = "workspace"
+
+    def __init__(self, datastore, limit: int = 64):
+        self.datastore, self.limit = datastore, limit
+
+    def continuations(self, context: Sequence[int]) -> list[Continuation]:
+        return self.datastore.lookup(context, limit=self.limit, weighted=True).continuations
+
+    def propose(self, context: Sequence[int]) -> list[Proposal]:
+        found = self.datastore.lookup(context, limit=self.limit, weighted=True)
+        if not found.continuations:
+            return []
+        return [Proposal.from_continuations(self.name, found.match_length, found.continuations)]
+
+
+class DraftMix:
+    """Several named sources in one tree. Each source's proposal keeps its own ratios: a big, distant corpus with
+    thousands of matches cannot drown the few, more relevant matches of the current file, and the decoder learns
+    how far to trust each source at each match length.
+
+    `fallback` sources are asked only when no other source matched more than WEAK_MATCH tokens.
+    """
+
+    def __init__(self, sources: Sequence[tuple[str, DraftSource]], fallback: Sequence[tuple[str, DraftSource]] = ()):
+        self.sources = list(sources)
+        self.fallback = list(fallback)
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.sources] + [n for n, _ in self.fallback]
+
+    def propose(self, context: Sequence[int]) -> list[Proposal]:
+        found = [p for name, source in self.sources for p in propose(source, context, name)]
+        if max((p.match_length for p in found), default=0) <= WEAK_MATCH:
+            found += [p for name, source in self.fallback for p in propose(source, context, name)]
+        return found
+
+    def continuations(self, context: Sequence[int]) -> list[Continuation]:
+        """Flattened for callers that want plain continuations: each source's weights normalised to sum to 1."""
         merged: dict[tuple[int, ...], float] = {}
-        for source, weight in self.sources:
+        for _, source in self.sources:
             found = source.continuations(context)
             total = sum(w for _, w in found)
-            if total <= 0:
-                continue
-            for tokens, w in found:
-                merged[tokens] = merged.get(tokens, 0.0) + weight * w / total
+            for tokens, w in found if total > 0 else ():
+                merged[tokens] = merged.get(tokens, 0.0) + w / total
         return sorted(merged.items(), key=lambda kv: -kv[1])
 
+    def observe_successors(self, token: int, ids: Sequence[int], probs: Sequence[float]) -> None:
+        for _, source in self.sources + self.fallback:
+            if hasattr(source, "observe_successors"):
+                source.observe_successors(token, ids, probs)
 
-# The context (prompt + generated text) is the closest source to what comes next; the workspace adds what the
-# context has never seen. measurements.md: global counts alone do worse than the prompt alone.
-CONTEXT_WEIGHT = 2.0
-WORKSPACE_WEIGHT = 1.0
+    @property
+    def wants_successors(self) -> bool:
+        return any(hasattr(s, "observe_successors") for _, s in self.sources + self.fallback)
 
 
-def context_and_workspace(workspace: DraftSource) -> MixedDrafts:
-    """The drafts REST uses everywhere: the context itself, then the workspace datastore."""
-    return MixedDrafts([(ContextLookup(), CONTEXT_WEIGHT), (workspace, WORKSPACE_WEIGHT)])
+# The names a user can leave out (the server's and the CLI's draft-source settings).
+SOURCE_NAMES = ("context", "suffix", "outputs", "workspace", "recycle")
+
+
+def rest_drafts(
+    workspace=None,
+    suffix: Sequence[int] | None = None,
+    outputs: OutputStore | None = None,
+    recycle: SuccessorTable | None = None,
+    exclude: Iterable[str] = (),
+) -> DraftMix:
+    """The drafts REST uses everywhere: the context itself, the text after the cursor, the model's recent outputs,
+    the workspace datastore, and the model's own habits as the fallback. Any can be absent or excluded by name."""
+    skip = set(exclude)
+    sources: list[tuple[str, DraftSource]] = [("context", ContextLookup())]
+    if suffix:
+        sources.append(("suffix", NgramDrafts([suffix], name="suffix")))
+    if outputs is not None:
+        sources.append(("outputs", outputs))
+    if workspace is not None:
+        sources.append(("workspace", DatastoreDrafts(workspace)))
+    sources = [(n, s) for n, s in sources if n not in skip]
+    fallback = [("recycle", recycle)] if recycle is not None and "recycle" not in skip else []
+    return DraftMix(sources, fallback)
+
+
+def context_and_workspace(workspace) -> DraftMix:
+    """The context and the workspace datastore only (callers without cursor or output history)."""
+    return rest_drafts(workspace=workspace)

@@ -91,7 +91,7 @@ def test_fit_to_cost_keeps_the_prefix_that_pays_for_itself():
     cut = fit_to_cost(tree, steep)
     assert cut.tokens == tree.tokens[:7]  # the chain pays (0.9 each), the 0.01 singletons do not
     assert fit_to_cost(tree, [0.0, 1.0, 10.0]).tokens == [0]  # nothing pays: a plain step
-    assert fit_to_cost(tree, steep, trust=0.1).tokens == [0]  # shares are only trusted at 10%: not worth it
+    assert fit_to_cost(tree, steep, trust=0.1).tokens == [0]  # probabilities scaled to 10%: not worth it
     # brute force: the chosen size maximises expected tokens per unit of cost
     def value(n):
         return (1 + sum(tree.shares[1 : n + 1])) / steep[n + 1]

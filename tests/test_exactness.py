@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from rest_lsp.decoding import DecodeConfig, Decoder
-from rest_lsp.drafts import ContextLookup, MixedDrafts, NgramDrafts, NoDrafts
+from rest_lsp.acceptance import PRIOR_SCALE, bucket
+from rest_lsp.datastore import Datastore
+from rest_lsp.drafts import ContextLookup, DraftMix, Proposal, NgramDrafts, NoDrafts, OutputStore, SuccessorTable, rest_drafts
 
 N_NEW = 40
 
@@ -32,13 +34,25 @@ def draft_sources(prompt, truth, vocab, rnd):
         for _ in range(4):
             branchy.append(full[max(0, i - 3) : i + 1] + [rnd.randrange(vocab) for _ in range(3)])
         branchy.append(full[max(0, i - 3) : i + 4])
+    outputs = OutputStore()
+    outputs.add(prompt[-6:], corrupted(truth, 5, vocab, rnd))  # an earlier, partly different output here
+    recycle = SuccessorTable()
+    for t in range(vocab):  # habits that are half right: the true successor of some tokens, noise for others
+        nxt = [full[i + 1] for i in range(len(full) - 1) if full[i] == t][:1] or [rnd.randrange(vocab)]
+        recycle.observe_successors(t, nxt + [rnd.randrange(vocab) for _ in range(3)], [0.6, 0.2, 0.1, 0.1])
+    workspace = Datastore()
+    workspace.put("other.py", prompt[: len(prompt) // 2] + corrupted(truth, 2, vocab, rnd))
     return {
         "perfect": NgramDrafts([full]),
         "useless": NgramDrafts([[rnd.randrange(vocab) for _ in range(2000)]]),
         "partly": NgramDrafts([prompt + corrupted(truth, 4, vocab, rnd)]),
         "branchy": NgramDrafts(branchy),
         "context": ContextLookup(),
-        "mixed": MixedDrafts([(ContextLookup(), 2.0), (NgramDrafts([prompt + corrupted(truth, 3, vocab, rnd)]), 1.0)]),
+        "mixed": DraftMix([("context", ContextLookup()), ("other", NgramDrafts([prompt + corrupted(truth, 3, vocab, rnd)]))]),
+        "outputs": outputs,
+        "suffix": NgramDrafts([truth[len(truth) // 2 :]], name="suffix"),
+        "recycle": recycle,
+        "all": rest_drafts(workspace, suffix=truth[10:], outputs=outputs, recycle=recycle),
         "none": NoDrafts(),
     }
 
@@ -137,15 +151,73 @@ def test_full_logits_path_stays_exact(tiny):
         assert result.tokens == truth
 
 
-def test_trust_in_drafts_follows_what_the_model_accepts(tiny):
+class Oracle:
+    """Proposes a chain after the prompt: the true continuation (or its tokens shifted by one: always wrong),
+    with the same ratio at every node. It claims a long match, like a source that found the spot verbatim."""
+
+    def __init__(self, name, prompt, truth, vocab, ratio, wrong=False):
+        self.name, self.prompt, self.truth, self.vocab, self.ratio, self.wrong = name, prompt, truth, vocab, ratio, wrong
+
+    def propose(self, context):
+        done = len(context) - len(self.prompt)
+        chain = self.truth[done : done + 6]
+        if self.wrong:
+            chain = [(t + 1) % self.vocab for t in chain]
+        if not chain:
+            return []
+        n = len(chain)
+        return [Proposal(self.name, 8, tuple(chain), tuple(range(-1, n - 1)), (self.ratio,) * n)]
+
+
+def test_learned_acceptance_follows_what_the_model_accepts(tiny):
+    """A source whose drafts are always rejected stops being drafted; one that is always accepted gets deeper trees."""
     vocab = tiny.model.config.vocab_size
     rnd = random.Random(5)
     prompt = [rnd.randrange(vocab) for _ in range(16)]
-    truth = reference(tiny, prompt, 150)
-    decoder = Decoder(tiny)
-    start = decoder.trust
-    decoder.generate(prompt, NgramDrafts([[rnd.randrange(vocab) for _ in range(3000)]]), DecodeConfig(max_new_tokens=40))
-    assert decoder.trust < start  # random drafts are rarely accepted
-    result = decoder.generate(prompt, NgramDrafts([prompt + truth]), DecodeConfig(max_new_tokens=150))
-    assert result.tokens == truth and result.tokens_per_step > 5  # long unanimous matches are still tried
-    assert decoder.trust > 0.8  # and, always accepted, they win the trust back
+    truth = reference(tiny, prompt, 120)
+    decoder = Decoder(tiny)  # the CPU step-cost curve: a node must earn its cost
+
+    liar = Oracle("liar", prompt, truth, vocab, ratio=1.0, wrong=True)
+    first = decoder.generate(prompt, liar, DecodeConfig(max_new_tokens=40))
+    trees = []
+    decoder.verify = _spy(decoder.verify, trees)
+    late = decoder.generate(prompt, liar, DecodeConfig(max_new_tokens=40))
+    assert first.tokens == late.tokens == truth[:40]
+    assert decoder.acceptance.scale(bucket("liar", 8, 1)) < PRIOR_SCALE  # below what it was before any evidence
+    assert max(trees) == 1  # no more drafts from the liar: every step is a plain step
+
+    trees.clear()
+    shy = Oracle("shy", prompt, truth, vocab, ratio=0.5)  # right every time, but claims 50%
+    runs = [decoder.generate(prompt, shy, DecodeConfig(max_new_tokens=120)) for _ in range(3)]
+    assert all(r.tokens == truth for r in runs)
+    assert decoder.acceptance.probability(bucket("shy", 8, 3), 0.5) > 0.9
+    # deeper trees as the evidence grows: the first tree is cut short, later ones hold the whole 6-token chain
+    assert trees[0] < 7 and trees[-6:-1] == [7] * 5  # (the very last step has one token left to draft)
+    assert runs[-1].tokens_per_step >= 6
+
+
+def _spy(verify, sizes):
+    def wrapped(tree):
+        sizes.append(len(tree))
+        return verify(tree)
+
+    return wrapped
+
+
+def test_default_model_with_every_source(default_model):
+    """The real model with the drafts the server uses, the fallback learned while decoding, stays exact."""
+    tok = default_model.tokenizer
+    text = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
+    prompt = tok.encode(text)
+    truth = reference(default_model, prompt, 24)
+    workspace = Datastore()
+    workspace.put("ops.py", tok.encode("def div(a, b):\n    return a / b\n"))
+    outputs, recycle = OutputStore(), SuccessorTable()
+    decoder = Decoder(default_model)
+    for _ in range(2):  # the second run has the first's outputs and habits to draw on
+        drafts = rest_drafts(workspace, suffix=tok.encode("\n\ndef neg(a):\n    return -a\n"), outputs=outputs,
+                             recycle=recycle)
+        result = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=24, budget=16))
+        assert result.tokens == truth
+        outputs.add(prompt[-16:], result.tokens)
+    assert len(recycle) > 0 and result.tokens_per_step > 2

@@ -45,7 +45,7 @@ _DEFAULT_WEIGHTS = {Source.CURRENT_FILE: 8.0, Source.OPEN_BUFFER: 3.0, Source.AC
 @dataclass(frozen=True)
 class Lookup:
     match_length: int
-    continuations: list[tuple[tuple[int, ...], int]]   # (tokens that followed, occurrences), most first
+    continuations: list[tuple[tuple[int, ...], float]]   # (tokens that followed, occurrences or weight), most first
 
 
 @dataclass(frozen=True)
@@ -168,12 +168,13 @@ class Datastore:
             return []
         return found.top(by_weight=True, limit=self.max_continuations)
 
-    def lookup(self, context: Sequence[int], limit: int | None = None) -> Lookup:
-        """The matched suffix length and the raw occurrence counts of what followed it (all, or the top `limit`)."""
+    def lookup(self, context: Sequence[int], limit: int | None = None, weighted: bool = False) -> Lookup:
+        """The matched suffix length and what followed it (all, or the top `limit`): raw occurrence counts, or
+        counts weighted by source when `weighted`."""
         found = self._query(context)
         if found is None:
             return Lookup(0, [])
-        return Lookup(found.depth, found.top(by_weight=False, limit=limit))
+        return Lookup(found.depth, found.top(by_weight=weighted, limit=limit))
 
     def _query(self, context: Sequence[int]) -> Found | None:
         rlist = _reversed_ids(context[-self.max_suffix:] if len(context) else [])

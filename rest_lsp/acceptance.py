@@ -1,0 +1,129 @@
+"""How often the model accepts a draft node, learned online per (source, match length, depth).
+
+A source's own estimate of a node is its ratio: the share of the source's continuations through the node's parent
+that go on through the node. Ratios overstate agreement in some places (a single 1-token match has a ratio of 1)
+and understate it in others (the model's recent outputs at the same spot). Each bucket keeps decayed sums of
+drafts accepted and ratios tried; their quotient is the bucket's scale, shrunk towards its source's scale while the
+bucket has few observations. P(node accepted | parent accepted) = min(1, scale * ratio), plus a bonus for thin
+evidence while choosing trees.
+
+The table knows nothing of models or editors: the decoder feeds it what its walks saw, and whoever owns the decoder
+saves it beside the index, so that a restarted server does not start from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+PRIOR = 4.0  # pseudo-observations behind each estimate
+PRIOR_SCALE = 0.5  # before any evidence, half of what a source claims
+DECAY = 0.995  # per observation of a bucket: the last few hundred count
+# Optimism while a bucket has little evidence (an upper confidence bound): a source that understates itself is
+# tried and can prove it; one that is always wrong loses the bonus after a few tries and is no longer drafted.
+EXPLORE = 0.5
+
+Key = tuple[str, int, int]  # (source, match-length bucket, depth bucket)
+
+
+def match_bucket(length: int) -> int:
+    """0 (no match), 1, 2, 3-4, 5-8, 9+: the paper's ablation puts the knee between 2 and 6."""
+    if length <= 2:
+        return max(0, length)
+    return 3 if length <= 4 else 4 if length <= 8 else 5
+
+
+def depth_bucket(depth: int) -> int:
+    return min(depth, 8)
+
+
+def bucket(source: str, match_length: int, depth: int) -> Key:
+    return (source, match_bucket(match_length), depth_bucket(depth))
+
+
+class AcceptanceModel:
+    def __init__(self) -> None:
+        self._buckets: dict[Key, list[float]] = {}  # key -> [accepted, ratios tried], decayed
+        self._sources: dict[str, list[float]] = {}  # source -> [accepted, ratios tried], decayed
+        self.observations = 0
+
+    def scale(self, key: Key) -> float:
+        src = self._sources.get(key[0], (0.0, 0.0))
+        source_scale = (src[0] + PRIOR * PRIOR_SCALE) / (src[1] + PRIOR)
+        hits, tried = self._buckets.get(key, (0.0, 0.0))
+        return (hits + PRIOR * source_scale) / (tried + PRIOR)
+
+    def probability(self, key: Key, ratio: float) -> float:
+        """What a node is worth when choosing the tree: the scaled ratio, optimistic while evidence is thin."""
+        tried = self._buckets.get(key, (0.0, 0.0))[1]
+        return min(1.0, (self.scale(key) + EXPLORE / math.sqrt(1.0 + tried)) * ratio)
+
+    def observe(self, key: Key, ratio: float, accepted: bool) -> None:
+        """A draft node whose parent the walk reached: the model's token was (accepted) or was not its token."""
+        for table, k in ((self._buckets, key), (self._sources, key[0])):
+            stats = table.setdefault(k, [0.0, 0.0])
+            stats[0] = DECAY * stats[0] + float(accepted)
+            stats[1] = DECAY * stats[1] + ratio
+        self.observations += 1
+
+    # -- persistence -------------------------------------------------------------------------------------------
+    def to_json(self, model_key: str) -> dict:
+        return {
+            "format": FORMAT,
+            "model": model_key,
+            "buckets": [[*k, *v] for k, v in self._buckets.items()],
+            "sources": [[k, *v] for k, v in self._sources.items()],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, model_key: str) -> "AcceptanceModel":
+        """Raises ValueError for anything but a table of this format written for this model."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError("not an acceptance table of this version")
+        if data.get("model") != model_key:
+            raise ValueError("written for another model")
+        table = cls()
+        for row in data["buckets"]:
+            source, m, d, hits, tried = row
+            table._buckets[(str(source), int(m), int(d))] = [_count(hits), _count(tried)]
+        for row in data["sources"]:
+            source, hits, tried = row
+            table._sources[str(source)] = [_count(hits), _count(tried)]
+        return table
+
+    def save(self, path: Path, model_key: str) -> None:
+        """Atomically: a crash mid-write leaves the previous table."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_json(model_key), f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: Path, model_key: str) -> "AcceptanceModel":
+        """The saved table, or a fresh one (with one log line) when it is missing, corrupt or someone else's."""
+        try:
+            return cls.from_json(json.loads(path.read_text()), model_key)
+        except FileNotFoundError:
+            return cls()
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as err:
+            log.warning("rest-lsp: ignoring the learned acceptance table %s (%s); starting afresh.", path, err)
+            return cls()
+
+
+def _count(x) -> float:
+    value = float(x)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"bad count {x!r}")
+    return value
