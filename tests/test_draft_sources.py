@@ -1,0 +1,110 @@
+"""Each draft source on its own: what it proposes, with which ratios and match lengths, and its bounds."""
+
+from rest_lsp.datastore import Datastore
+from rest_lsp.draft_tree import build_tree
+from rest_lsp.drafts import (
+    WEAK_MATCH,
+    ContextLookup,
+    DatastoreDrafts,
+    DraftMix,
+    NgramDrafts,
+    OutputStore,
+    Proposal,
+    SuccessorTable,
+    propose,
+    rest_drafts,
+)
+
+
+def paths(p: Proposal) -> dict[tuple[int, ...], float]:
+    """Every node as its token path from the context, with the source's ratio."""
+    out, full = {}, []
+    for t, parent in zip(p.tokens, p.parents):
+        full.append((full[parent] if parent >= 0 else ()) + (t,))
+    for path, r in zip(full, p.ratios):
+        out[path] = r
+    return out
+
+
+def test_proposal_ratios_are_conditional_shares():
+    p = Proposal.from_continuations("x", 3, [((1, 2, 3), 3.0), ((1, 2, 4), 1.0), ((5,), 4.0)])
+    got = paths(p)
+    assert got == {(1,): 0.5, (5,): 0.5, (1, 2): 1.0, (1, 2, 3): 0.75, (1, 2, 4): 0.25}
+    assert all(parent < i for i, parent in enumerate(p.parents))
+    assert Proposal.from_continuations("x", 3, [((1, 2, 3), 3.0)] * 5, max_nodes=2).tokens == (1, 2)
+
+
+def test_context_lookup_reports_its_match_length():
+    ctx = [9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    [p] = ContextLookup().propose(ctx)
+    assert p.source == "context" and p.match_length == 3 and p.tokens[:2] == (7, 8)
+
+
+def test_output_store_finds_what_the_model_wrote_after_the_same_context_and_forgets_the_oldest():
+    store = OutputStore(max_tokens=30)
+    store.add([1, 2, 3], [10, 11, 12])
+    [p] = store.propose([7, 7, 1, 2, 3])
+    assert p.source == "outputs" and p.match_length == 3 and p.tokens == (10, 11, 12)
+    # the next line start: the context now holds the first output line, the rest of the old output follows
+    [p] = store.propose([2, 3, 10])
+    assert p.tokens == (11, 12) and p.match_length == 3
+    for i in range(10):
+        store.add([50 + i], [60 + i, 61 + i])
+    assert store.propose([1, 2, 3]) == []  # evicted: the store keeps at most 30 tokens, newest first
+    assert sum(len(s) for s in store._streams) <= 30 and store.propose([59]) != []
+    store.add([1], [])  # an empty output adds nothing
+    assert len(store) == 10
+
+
+def test_successor_table_expands_the_models_habits_best_first():
+    table = SuccessorTable(max_nodes=5)
+    assert table.propose([3]) == []  # nothing seen after 3 yet
+    table.observe_successors(3, [4, 5, 6], [0.7, 0.2, 0.1])
+    table.observe_successors(4, [8, 9], [0.9, 0.1])
+    [p] = table.propose([1, 3])
+    got = paths(p)
+    assert p.source == "recycle" and p.match_length == 0
+    # path probabilities 0.7, 0.63 (4 then 8), 0.2, 0.1, 0.07: the five best, parents first
+    assert got == {(4,): 0.7, (4, 8): 0.9, (5,): 0.2, (6,): 0.1, (4, 9): 0.1}
+    table.observe_successors(3, [6], [1.0])  # newer logits replace the old row
+    assert paths(table.propose([3])[0])[(6,)] == 1.0
+
+
+def test_datastore_source_passes_the_match_length():
+    ds = Datastore()
+    ds.put("a.py", [1, 2, 3, 4, 5])
+    [p] = DatastoreDrafts(ds).propose([9, 2, 3])
+    assert p.source == "workspace" and p.match_length == 2 and p.tokens[:2] == (4, 5)
+    assert DatastoreDrafts(ds).propose([42]) == []
+
+
+def test_fallback_is_asked_only_when_nothing_matched_well():
+    table = SuccessorTable()
+    table.observe_successors(3, [7], [0.5])
+    strong = NgramDrafts([[1, 2, 3, 4]])
+    mix = DraftMix([("near", strong)], fallback=[("recycle", table)])
+    assert [p.source for p in mix.propose([1, 2, 3])] == ["near"]  # a 3-token match: no fallback
+    assert WEAK_MATCH < 3
+    assert [p.source for p in mix.propose([2, 3])] == ["near", "recycle"]  # a 2-token match is weak
+    assert [p.source for p in mix.propose([9, 3])] == ["near", "recycle"]
+    mix.observe_successors(3, [8], [0.9])  # the mix passes the model's habits on to whoever learns them
+    assert table.propose([3])[0].tokens == (8,)
+
+
+def test_rest_drafts_names_and_exclusions():
+    ds = Datastore()
+    ds.put("a.py", [1, 2])
+    mix = rest_drafts(ds, suffix=[1, 2], outputs=OutputStore(), recycle=SuccessorTable())
+    assert mix.names == ["context", "suffix", "outputs", "workspace", "recycle"]
+    mix = rest_drafts(ds, suffix=[1, 2], outputs=OutputStore(), recycle=SuccessorTable(), exclude=["suffix", "recycle"])
+    assert mix.names == ["context", "outputs", "workspace"]
+
+
+def test_sources_that_agree_make_a_node_likelier_than_either_alone():
+    a = NgramDrafts([[1, 2, 3, 4], [1, 2, 3, 9]], name="a")  # 4 and 9 share the slot
+    b = NgramDrafts([[1, 2, 3, 4]], name="b")
+    alone = build_tree(3, propose(a, [2, 3]), 8)
+    both = build_tree(3, propose(a, [2, 3]) + propose(b, [2, 3]), 8)
+    four = lambda t: t.shares[t.tokens.index(4)]  # noqa: E731
+    assert four(alone) == 0.5 and four(both) == 1.0 - 0.5 * 0.0  # b alone is sure: 1 - (1-0.5)(1-1)
+    assert len(both.votes[both.tokens.index(4)]) == 2
