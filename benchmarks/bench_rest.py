@@ -1,12 +1,15 @@
 """REST vs plain decoding vs transformers' prompt lookup, on the same prompts, in one run.
 
-Completion points are function starts (the line after `def ...:`) in a folder of real code, chosen with a fixed
+Completion points are function starts (the line after `def ...:`) in folders of real code, chosen with a fixed
 seed. The prompt is the file up to that point (its last --context tokens). REST drafts come from the prompt and
-generated text (ContextLookup) mixed with the OTHER files of the folder, indexed in the workspace Datastore: the
-file being completed is removed from it, as its function body would not exist yet in an editor.
+generated text (ContextLookup), the OTHER files of the folder, indexed in the workspace Datastore (the file being
+completed is removed from it, as its function body would not exist yet in an editor), the model's own earlier
+outputs in this run, and its habits (the successor table, learned from the logits of earlier steps). Every REST
+decoder starts with an empty acceptance table and learns as the run goes.
 
-    .venv/bin/python benchmarks/bench_rest.py                       # stdlib asyncio as the corpus
+    .venv/bin/python benchmarks/bench_rest.py                       # stdlib asyncio, json and email
     .venv/bin/python benchmarks/bench_rest.py --corpus DIR --prompts 12 --max-new-tokens 64 --budget 16
+    .venv/bin/python benchmarks/bench_rest.py --ablate --useless    # each source left out; an always-wrong source
 
 Prints a markdown table; writes benchmarks/results/rest.json and rest.png.
 """
@@ -27,7 +30,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from rest_lsp.datastore import Datastore
 from rest_lsp.decoding import DecodeConfig, Decoder
-from rest_lsp.drafts import ContextLookup, context_and_workspace
+from rest_lsp.drafts import ContextLookup, OutputStore, Proposal, SuccessorTable, rest_drafts
 from rest_lsp.model import load_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -82,13 +85,35 @@ def completion_points(files: list[Path], count: int, seed: int) -> list[tuple[Pa
     return chosen
 
 
+def index_corpus(tok, corpus: Path) -> tuple[Datastore, list[Path], list[list[int]]]:
+    files = sorted(p for p in corpus.rglob("*.py") if p.is_file())
+    store = Datastore()
+    token_lists = tok.encode_batch([p.read_text(encoding="utf-8", errors="replace") for p in files])
+    for path, ids in zip(files, token_lists):
+        store.put(str(path), ids)
+    return store, files, token_lists
+
+
+class Useless:
+    """A source that is always wrong and sure of it: REST must cost no more than plain decoding with it."""
+
+    def __init__(self, vocab: int, seed: int = 0):
+        self.rng = random.Random(seed)
+        self.vocab = vocab
+
+    def propose(self, context):
+        chain = tuple(self.rng.randrange(self.vocab) for _ in range(8))
+        return [Proposal("useless", 16, chain, tuple(range(-1, 7)), (1.0,) * 8)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", type=Path, default=Path(sysconfig.get_paths()["stdlib"]) / "asyncio")
+    ap.add_argument("--corpus", type=Path, action="append",
+                    help="a folder of Python code (repeatable; default: stdlib asyncio, json and email)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
-    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--prompts", type=int, default=12, help="completion points per corpus")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--context", type=int, default=512, help="prompt tokens kept (the tail)")
     ap.add_argument("--budget", type=int, default=None, help="draft nodes (default: the decoder's default for the device)")
@@ -96,113 +121,122 @@ def main() -> None:
     ap.add_argument("--out", default="rest")
     ap.add_argument("--compare-fixed", action="store_true",
                     help="also run REST with the full budget every step (no cut by the step-cost curve)")
+    ap.add_argument("--ablate", action="store_true", help="also run REST with each draft source left out in turn")
+    ap.add_argument("--useless", action="store_true", help="also run REST with a source that is always wrong")
     args = ap.parse_args()
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    corpora = args.corpus or [stdlib / "asyncio", stdlib / "json", stdlib / "email"]
 
     loaded = load_model(args.model, args.device, args.dtype)
     tok, model = loaded.tokenizer, loaded.model
     from rest_lsp.generation import default_budget
 
     budget = default_budget(loaded) if args.budget is None else args.budget
-    files = sorted(p for p in args.corpus.rglob("*.py") if p.is_file())
-    t0 = time.perf_counter()
-    store = Datastore()
-    token_lists = tok.encode_batch([p.read_text(encoding="utf-8", errors="replace") for p in files])
-    for path, ids in zip(files, token_lists):
-        store.put(str(path), ids)
-    corpus_tokens = sum(map(len, token_lists))
-    index_s = time.perf_counter() - t0
-    points = completion_points(files, args.prompts, args.seed)
-    print(f"model {loaded.name} on {loaded.device} ({loaded.dtype}), torch threads {torch.get_num_threads()}")
-    print(f"corpus {args.corpus}: {len(files)} files, {corpus_tokens} tokens, indexed in {index_s:.1f} s; "
-          f"{len(points)} completion points; {args.max_new_tokens} new tokens; REST budget {budget}")
+    print(f"model {loaded.name} on {loaded.device} ({loaded.dtype}), torch threads {torch.get_num_threads()}; "
+          f"{args.max_new_tokens} new tokens; REST budget {budget}")
 
-    decoder = Decoder(loaded)
-    fixed_decoder = Decoder(loaded)  # its own cache and its own trust in drafts
+    # One decoder per REST configuration, each with its own cache, learned acceptance and model habits, all
+    # starting empty (nothing loaded from disk) and living across corpora, as in a server.
+    configs = ["rest"] + (["fixed"] if args.compare_fixed else []) + (["useless"] if args.useless else [])
+    if args.ablate:
+        configs += [f"-{name}" for name in ("context", "outputs", "workspace", "recycle")]
+    decoders = {c: Decoder(loaded) for c in configs}
+    recycles = {c: SuccessorTable() for c in configs}
+    outputs = {c: OutputStore() for c in configs}
     n = args.max_new_tokens
     # warm up every path once (first calls allocate and pick kernels)
     warm = tok.encode("def warm_up(x):\n    return x\n")
     hf_generate(model, warm, 4)
     hf_generate(model, warm, 4, prompt_lookup_num_tokens=10)
-    decoder.generate(warm, ContextLookup(), DecodeConfig(max_new_tokens=4, budget=budget))
+    Decoder(loaded).generate(warm, ContextLookup(), DecodeConfig(max_new_tokens=4, budget=budget))
 
     rows = []
-    for path, offset in points:
-        text = path.read_text(encoding="utf-8", errors="replace")[:offset]
-        prompt = tok.encode(text)[-args.context:]
-        store.remove(str(path))  # the function being written is not in the workspace yet
-        drafts = context_and_workspace(store)
+    for corpus in corpora:
+        t0 = time.perf_counter()
+        store, files, token_lists = index_corpus(tok, corpus)
+        points = completion_points(files, args.prompts, args.seed)
+        print(f"corpus {corpus}: {len(files)} files, {sum(map(len, token_lists))} tokens, indexed in "
+              f"{time.perf_counter() - t0:.1f} s; {len(points)} completion points", flush=True)
+        for path, offset in points:
+            text = path.read_text(encoding="utf-8", errors="replace")[:offset]
+            prompt = tok.encode(text)[-args.context:]
+            store.remove(str(path))  # the function being written is not in the workspace yet
 
-        plain, plain_first_ms, plain_ms = hf_generate(model, prompt, n)
-        pld, pld_first_ms, pld_ms = hf_generate(model, prompt, n, prompt_lookup_num_tokens=10)
-        decoder.reset()  # a cold cache per prompt, as for the others
-        rest = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=n, budget=budget))
-        fixed = None
-        if args.compare_fixed:
-            fixed_decoder.reset()
-            fixed = fixed_decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=n, budget=budget, fit_to_cost=False))
-        store.put(str(path), token_lists[files.index(path)])
-
-        rows.append({
-            "file": str(path.relative_to(args.corpus)),
-            "line": text.count("\n"),
-            "prompt_tokens": len(prompt),
-            "plain_ms_per_token": plain_ms,
-            "pld_ms_per_token": pld_ms,
-            "rest_ms_per_token": rest.ms_per_token,
-            "rest_tokens_per_step": rest.tokens_per_step,
-            "rest_steps": rest.steps,
-            "speedup_rest": plain_ms / rest.ms_per_token,
-            "speedup_pld": plain_ms / pld_ms,
-            "rest_equals_plain": rest.tokens == plain,
-            "pld_equals_plain": pld == plain,
-            "rest_finish": rest.finish,
-        })
-        if fixed is not None:
-            rows[-1].update({
-                "fixed_ms_per_token": fixed.ms_per_token,
-                "fixed_tokens_per_step": fixed.tokens_per_step,
-                "speedup_fixed": plain_ms / fixed.ms_per_token,
-                "fixed_equals_plain": fixed.tokens == plain,
-            })
-        r = rows[-1]
-        print(f"  {r['file']}:{r['line']}: plain {plain_ms:.1f} ms/tok, PLD {pld_ms:.1f}, REST {rest.ms_per_token:.1f} "
-              f"({rest.tokens_per_step:.2f} tok/step), equal={r['rest_equals_plain']}", flush=True)
+            plain, _, plain_ms = hf_generate(model, prompt, n)
+            pld, _, pld_ms = hf_generate(model, prompt, n, prompt_lookup_num_tokens=10)
+            row = {
+                "corpus": corpus.name, "file": str(path.relative_to(corpus)), "line": text.count("\n"),
+                "prompt_tokens": len(prompt), "plain_ms_per_token": plain_ms, "pld_ms_per_token": pld_ms,
+                "speedup_pld": plain_ms / pld_ms, "pld_equals_plain": pld == plain,
+            }
+            for c in configs:
+                if c == "useless":
+                    drafts = Useless(loaded.model.config.vocab_size, args.seed)
+                else:
+                    drafts = rest_drafts(store, outputs=outputs[c], recycle=recycles[c], exclude=[c[1:]] if c.startswith("-") else ())
+                decoders[c].reset()  # a cold cache per prompt, as for the others
+                result = decoders[c].generate(prompt, drafts, DecodeConfig(max_new_tokens=n, budget=budget,
+                                                                           fit_to_cost=c != "fixed"))
+                outputs[c].add(prompt[-32:], result.tokens)
+                row.update({
+                    f"{c}_ms_per_token": result.ms_per_token,
+                    f"{c}_tokens_per_step": result.tokens_per_step,
+                    f"speedup_{c}": plain_ms / result.ms_per_token,
+                    f"{c}_equals_plain": result.tokens == plain,
+                })
+            store.put(str(path), token_lists[files.index(path)])
+            rows.append(row)
+            print(f"  {corpus.name}/{row['file']}:{row['line']}: plain {plain_ms:.1f} ms/tok, PLD {pld_ms:.1f}, "
+                  f"REST {row['rest_ms_per_token']:.1f} ({row['rest_tokens_per_step']:.2f} tok/step), "
+                  f"equal={row['rest_equals_plain']}", flush=True)
+        store.close()
 
     print()
     print("| completion point | prompt tok | plain ms/tok | PLD ms/tok | REST ms/tok | REST tok/step | PLD speedup | REST speedup | REST == plain |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['file']}:{r['line']} | {r['prompt_tokens']} | {r['plain_ms_per_token']:.1f} | {r['pld_ms_per_token']:.1f} | "
-              f"{r['rest_ms_per_token']:.1f} | {r['rest_tokens_per_step']:.2f} | {r['speedup_pld']:.2f}x | "
-              f"{r['speedup_rest']:.2f}x | {'yes' if r['rest_equals_plain'] else 'NO'} |")
-    med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
+        print(f"| {r['corpus']}/{r['file']}:{r['line']} | {r['prompt_tokens']} | {r['plain_ms_per_token']:.1f} | "
+              f"{r['pld_ms_per_token']:.1f} | {r['rest_ms_per_token']:.1f} | {r['rest_tokens_per_step']:.2f} | "
+              f"{r['speedup_pld']:.2f}x | {r['speedup_rest']:.2f}x | {'yes' if r['rest_equals_plain'] else 'NO'} |")
+    med = lambda k, rs=rows: statistics.median(r[k] for r in rs)  # noqa: E731
     summary = {
         "prompts": len(rows),
+        "corpora": [str(c) for c in corpora],
         "median_plain_ms_per_token": med("plain_ms_per_token"),
         "median_pld_ms_per_token": med("pld_ms_per_token"),
-        "median_rest_ms_per_token": med("rest_ms_per_token"),
-        "median_rest_tokens_per_step": med("rest_tokens_per_step"),
-        "mean_rest_tokens_per_step": statistics.mean(r["rest_tokens_per_step"] for r in rows),
-        "median_speedup_rest": med("speedup_rest"),
         "median_speedup_pld": med("speedup_pld"),
-        "rest_identical": sum(r["rest_equals_plain"] for r in rows),
         "pld_identical": sum(r["pld_equals_plain"] for r in rows),
-        "budget": budget,
-        "device": str(loaded.device),
-        "dtype": str(loaded.dtype),
-        "max_new_tokens": n,
+        "budget": budget, "device": str(loaded.device), "dtype": str(loaded.dtype), "max_new_tokens": n,
     }
-    print(f"| **median** | | {summary['median_plain_ms_per_token']:.1f} | {summary['median_pld_ms_per_token']:.1f} | "
-          f"{summary['median_rest_ms_per_token']:.1f} | {summary['median_rest_tokens_per_step']:.2f} | "
-          f"{summary['median_speedup_pld']:.2f}x | {summary['median_speedup_rest']:.2f}x | "
-          f"{summary['rest_identical']}/{len(rows)} |")
-    if args.compare_fixed:
-        print(f"\nREST with the full budget every step: median {med('fixed_ms_per_token'):.1f} ms/token, "
-              f"{med('fixed_tokens_per_step'):.2f} tokens/step, speedup {med('speedup_fixed'):.2f}x, "
-              f"identical {sum(r['fixed_equals_plain'] for r in rows)}/{len(rows)}")
-        summary.update({k: med(k) for k in ("fixed_ms_per_token", "fixed_tokens_per_step", "speedup_fixed")})
-    print(f"\nREST decode time / plain decode time (median of per-prompt ratios): "
-          f"{1 / summary['median_speedup_rest']:.3f}; PLD outputs identical to plain: {summary['pld_identical']}/{len(rows)}")
+    labels = {"rest": "REST (default)", "fixed": "REST, full budget every step", "useless": "REST, always-wrong source",
+              **{f"-{s}": f"REST without {s}" for s in ("context", "outputs", "workspace", "recycle")}}
+    print("\n| configuration | median ms/token | median tokens/step | median speedup vs plain | vs prompt lookup | "
+          "slowest prompt vs plain | identical to plain |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| plain (transformers generate) | {summary['median_plain_ms_per_token']:.1f} | 1 | 1x | | | - |")
+    print(f"| prompt lookup (generate) | {summary['median_pld_ms_per_token']:.1f} | - | {summary['median_speedup_pld']:.2f}x | "
+          f"1x | {min(r['speedup_pld'] for r in rows):.2f}x | {summary['pld_identical']}/{len(rows)} |")
+    for c in configs:
+        vs_pld = statistics.median(r["pld_ms_per_token"] / r[f"{c}_ms_per_token"] for r in rows)
+        summary[c] = {
+            "median_ms_per_token": med(f"{c}_ms_per_token"),
+            "median_tokens_per_step": med(f"{c}_tokens_per_step"),
+            "median_speedup": med(f"speedup_{c}"),
+            "median_speedup_vs_pld": vs_pld,
+            "slowest_speedup": min(r[f"speedup_{c}"] for r in rows),
+            "identical": sum(r[f"{c}_equals_plain"] for r in rows),
+        }
+        x = summary[c]
+        print(f"| {labels[c]} | {x['median_ms_per_token']:.1f} | {x['median_tokens_per_step']:.2f} | "
+              f"{x['median_speedup']:.2f}x | {vs_pld:.2f}x | {x['slowest_speedup']:.2f}x | {x['identical']}/{len(rows)} |")
+    if len(corpora) > 1:
+        print("\n| corpus | prompts | REST median speedup | REST tokens/step | PLD median speedup |")
+        print("|---|---|---|---|---|")
+        for corpus in corpora:
+            rs = [r for r in rows if r["corpus"] == corpus.name]
+            if rs:
+                print(f"| {corpus.name} | {len(rs)} | {med('speedup_rest', rs):.2f}x | {med('rest_tokens_per_step', rs):.2f} | "
+                      f"{med('speedup_pld', rs):.2f}x |")
 
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))

@@ -127,3 +127,11 @@ def _count(x) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"bad count {x!r}")
     return value
+
+
+def table_location(cache_dir: Path, model_name: str, dtype: str, device_type: str) -> tuple[Path, str]:
+    """(file, key) of a model's table: one per model, dtype and device kind, since each agrees differently."""
+    import hashlib
+
+    key = f"{model_name}|{dtype}|{device_type}"
+    return cache_dir / "acceptance" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json", key

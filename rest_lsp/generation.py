@@ -8,8 +8,9 @@ from typing import Callable
 
 from rest_lsp.decoding import DecodeConfig, Decoder
 from rest_lsp.errors import UserError
-from rest_lsp.drafts import ContextLookup, DraftSource, NoDrafts, context_and_workspace
-from rest_lsp.model import LoadedModel, load_model
+from rest_lsp.acceptance import AcceptanceModel, table_location
+from rest_lsp.drafts import DraftSource, NoDrafts, SuccessorTable, rest_drafts
+from rest_lsp.model import LoadedModel, cache_root, load_model
 
 
 def default_budget(loaded: LoadedModel) -> int:
@@ -64,9 +65,8 @@ def run_generate(request: GenerateRequest, warn: Callable[[str], None]) -> dict:
 
     drafts: DraftSource = NoDrafts()
     if request.rest:
-        drafts = ContextLookup()
-        if request.workspace is not None:
-            drafts = context_and_workspace(workspace_drafts(request.workspace, loaded))
+        workspace = workspace_drafts(request.workspace, loaded) if request.workspace is not None else None
+        drafts = rest_drafts(workspace, recycle=SuccessorTable())
 
     config = DecodeConfig(
         max_new_tokens=request.max_new_tokens,
@@ -75,7 +75,15 @@ def run_generate(request: GenerateRequest, warn: Callable[[str], None]) -> dict:
         budget=budget,
         seed=request.seed,
     )
-    result = Decoder(loaded).generate(ids, drafts, config)
+    # what this model accepted before, saved beside the index: later runs start from it
+    table, key = table_location(cache_root(), loaded.name, str(loaded.dtype), loaded.device.type)
+    decoder = Decoder(loaded, AcceptanceModel.load(table, key))
+    result = decoder.generate(ids, drafts, config)
+    if request.rest:
+        try:
+            decoder.acceptance.save(table, key)
+        except OSError as err:
+            warn(f"could not save what REST learned ({err}); the next run starts afresh.")
     return {
         "text": tok.decode(result.tokens),
         "token_ids": result.tokens,
