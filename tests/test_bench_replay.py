@@ -1,0 +1,148 @@
+"""The replay benchmark's pure parts: which functions, what the person writes where, how answers are scored.
+
+No server here: the benchmark itself drives the real one.
+"""
+
+from __future__ import annotations
+
+import random
+import textwrap
+
+import pytest
+
+from benchmarks.bench_replay import (
+    Function,
+    choose_functions,
+    find_functions,
+    first_line_matches,
+    percentile,
+    plan_episode,
+    split_lines,
+    without_bodies,
+)
+
+SOURCE = textwrap.dedent('''\
+    import os
+
+
+    def one_liner(): return 1
+
+
+    class Box:
+        """A box."""
+
+        def __init__(self, size,
+                     # the colour too
+                     colour=None):
+            # remember them
+
+            self.size = size
+            if colour:
+                self.colour = colour
+
+        async def fetch(self):
+            return await self.size
+
+
+    def outer(x):
+        def inner(y):
+            return y + 1
+        return inner(x)
+    ''')
+
+
+def apply_insert(text: str, line: int, character: int, insert: str) -> str:
+    lines = split_lines(text)
+    offset = sum(len(x) for x in lines[:line]) + character
+    return text[:offset] + insert + text[offset:]
+
+
+def line_text(text: str, line: int) -> str:
+    return split_lines(text)[line].rstrip("\n")
+
+
+def test_finds_functions_methods_and_nested_ones_with_their_body_lines():
+    found = {f.name: f for f in find_functions(SOURCE)}
+    assert set(found) == {"Box.__init__", "Box.fetch", "outer", "outer.inner"}  # not the one-liner
+    lines = split_lines(SOURCE)
+    init = found["Box.__init__"]
+    # the body starts right after the multi-line header, its comment and blank line included
+    assert lines[init.body_start - 1].strip() == "colour=None):"
+    assert lines[init.body_start].strip() == "# remember them"
+    assert lines[init.body_end - 1].strip() == "self.colour = colour"
+    assert [lines[i].strip() for i in range(found["outer"].body_start, found["outer"].body_end)] == [
+        "def inner(y):", "return y + 1", "return inner(x)"]
+
+
+def test_split_lines_breaks_at_newlines_only():
+    assert split_lines("a\x0cb\nc") == ["a\x0cb\n", "c"]  # a form feed is no line break for ast or LSP
+
+
+def test_writing_every_step_rebuilds_the_file_and_each_request_sits_after_the_indentation():
+    fn = next(f for f in find_functions(SOURCE) if f.name == "Box.__init__")
+    episode = plan_episode(SOURCE, fn, max_lines=100, rng=random.Random(0))
+    truth = split_lines(SOURCE)
+    # the opened buffer holds none of the body: the cursor line is the first comment's indentation alone
+    assert "self.size = size" not in episode.opened and "remember" not in episode.opened
+    assert [s.rest for s in episode.steps] == [
+        "# remember them", "self.size = size", "if colour:", "self.colour = colour"]  # blank lines: no request
+    text = episode.opened
+    for step in episode.steps:
+        # the cursor line holds exactly the indentation, as an editor auto-indents it
+        assert line_text(text, step.line) == step.indent
+        assert truth[step.line].rstrip("\n") == step.indent + step.rest
+        text = apply_insert(text, step.line, len(step.indent), step.rest + step.after)
+    assert text == SOURCE
+
+
+def test_max_lines_stops_early_and_the_typed_prefix_leaves_something_to_suggest():
+    fn = next(f for f in find_functions(SOURCE) if f.name == "Box.__init__")
+    episode = plan_episode(SOURCE, fn, max_lines=2, rng=random.Random(3))
+    assert [s.rest for s in episode.steps] == ["# remember them", "self.size = size"]
+    assert episode.steps[-1].after == ""
+    text = episode.opened
+    for step in episode.steps:
+        text = apply_insert(text, step.line, len(step.indent), step.rest + step.after)
+    assert "self.size = size\n\n\nclass" not in text and "self.size = size\n\n    async def fetch" in text
+    for step in episode.steps:
+        assert 1 <= step.typed_chars <= 3 and step.typed_chars < len(step.rest)
+    short = plan_episode("def f():\n    x\n    y\n", Function("f", 1, 3), 10, random.Random(0))
+    assert [s.typed_chars for s in short.steps] == [0, 0]  # one character: nothing left to type and ask for
+
+
+def test_without_bodies_removes_each_chosen_body_and_keeps_the_rest():
+    fns = [f for f in find_functions(SOURCE) if f.name in ("Box.fetch", "outer.inner")]
+    text = without_bodies(SOURCE, fns)
+    assert "await self.size" not in text and "return y + 1" not in text
+    assert "self.colour = colour" in text and "return inner(x)" in text
+
+
+def test_choose_functions_is_seeded_spread_over_files_and_never_nested():
+    files = {"a.py": SOURCE, "b.py": "def g():\n    a = 1\n    return a\n"}
+    first = choose_functions(files, 3, random.Random(7))
+    assert first == choose_functions(files, 3, random.Random(7))
+    assert {name for name, _ in first[:2]} == {"a.py", "b.py"}  # one per file before a second from any
+    everything = choose_functions(files, 99, random.Random(1))
+    names = {(name, fn.name) for name, fn in everything}
+    assert not {("a.py", "outer"), ("a.py", "outer.inner")} <= names  # one inside the other: only one of them
+    assert all(fn.body_end - fn.body_start >= 2 for _, fn in everything)
+
+
+@pytest.mark.parametrize("suggestion, expected, match", [
+    ("self.size = size\n        self.x = 1", "self.size = size", True),
+    ("self.size = size  ", "self.size = size", True),
+    ("self.size = sizes", "self.size = size", False),
+    ("", "self.size = size", False),
+    ("\nself.size = size", "self.size = size", False),
+    ("", "", False),
+])
+def test_first_line_match(suggestion, expected, match):
+    assert first_line_matches(suggestion, expected) is match
+
+
+def test_percentile_interpolates_between_ranks_like_numpy():
+    assert percentile([], 50) is None
+    assert percentile([5.0], 95) == 5.0
+    assert percentile([4, 1, 3, 2], 50) == 2.5
+    assert percentile(list(range(1, 101)), 95) == pytest.approx(95.05)
+    assert percentile([1, 2, 3], 100) == 3
