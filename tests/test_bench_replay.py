@@ -46,7 +46,8 @@ SOURCE = textwrap.dedent('''\
 
     def outer(x):
         def inner(y):
-            return y + 1
+            z = y + 1
+            return z
         return inner(x)
     ''')
 
@@ -71,7 +72,7 @@ def test_finds_functions_methods_and_nested_ones_with_their_body_lines():
     assert lines[init.body_start].strip() == "# remember them"
     assert lines[init.body_end - 1].strip() == "self.colour = colour"
     assert [lines[i].strip() for i in range(found["outer"].body_start, found["outer"].body_end)] == [
-        "def inner(y):", "return y + 1", "return inner(x)"]
+        "def inner(y):", "z = y + 1", "return z", "return inner(x)"]
 
 
 def test_split_lines_breaks_at_newlines_only():
@@ -113,7 +114,7 @@ def test_max_lines_stops_early_and_the_typed_prefix_leaves_something_to_suggest(
 def test_without_bodies_removes_each_chosen_body_and_keeps_the_rest():
     fns = [f for f in find_functions(SOURCE) if f.name in ("Box.fetch", "outer.inner")]
     text = without_bodies(SOURCE, fns)
-    assert "await self.size" not in text and "return y + 1" not in text
+    assert "await self.size" not in text and "z = y + 1" not in text
     assert "self.colour = colour" in text and "return inner(x)" in text
 
 
@@ -124,6 +125,7 @@ def test_choose_functions_is_seeded_spread_over_files_and_never_nested():
     assert {name for name, _ in first[:2]} == {"a.py", "b.py"}  # one per file before a second from any
     everything = choose_functions(files, 99, random.Random(1))
     names = {(name, fn.name) for name, fn in everything}
+    assert ("a.py", "outer") in names or ("a.py", "outer.inner") in names
     assert not {("a.py", "outer"), ("a.py", "outer.inner")} <= names  # one inside the other: only one of them
     assert all(fn.body_end - fn.body_start >= 2 for _, fn in everything)
 
