@@ -569,7 +569,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "replay.json",
                         help="the JSON of all requests; the PNG goes beside it")
     args = parser.parse_args(argv)
-    args.corpus = args.corpus or list(DEFAULT_CORPORA)
+    args.corpus = [c.resolve() for c in args.corpus or DEFAULT_CORPORA]
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = [c for c in args.configs if c not in CONFIGS]
     if bad or not args.configs or len(set(args.configs)) != len(args.configs):

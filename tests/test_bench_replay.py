@@ -13,6 +13,8 @@ import pytest
 from benchmarks.bench_replay import (
     Function,
     choose_functions,
+    compare,
+    decode_rates,
     find_functions,
     first_line_matches,
     percentile,
@@ -148,3 +150,34 @@ def test_percentile_interpolates_between_ranks_like_numpy():
     assert percentile([4, 1, 3, 2], 50) == 2.5
     assert percentile(list(range(1, 101)), 95) == pytest.approx(95.05)
     assert percentile([1, 2, 3], 100) == 3
+
+
+def record(config: str, step: int, text: str, **counters) -> dict:
+    return {"config": config, "corpus": "json", "mode": "line", "file": "tool.py", "function": "main",
+            "step": step, "kind": "line-start", "line": 20 + step, "text": text, **counters}
+
+
+def test_decode_rates_sum_the_counter_deltas_of_the_requests_when_the_server_has_counters():
+    records = [record("rest", 0, "a", generated_tokens=30, decode_steps=10, decode_ms=600.0),
+               record("rest", 1, "b", generated_tokens=10, decode_steps=10, decode_ms=400.0)]
+    rates = decode_rates(records, processes=[])
+    assert rates["tokens_per_step"] == 2.0 and rates["ms_per_token"] == 25.0  # ratios of sums, not mean ratios
+    assert "deltas" in rates["source"]
+
+
+def test_decode_rates_fall_back_to_the_processes_running_means_and_say_so():
+    processes = [{"final_stats": {"mean_tokens_per_step": 2.0, "mean_ms_per_token": 50.0, "completions_decoded": 3}},
+                 {"final_stats": {"mean_tokens_per_step": 1.0, "mean_ms_per_token": 90.0, "completions_decoded": 1}},
+                 {"final_stats": {"mean_tokens_per_step": None, "mean_ms_per_token": None, "completions_decoded": 0}}]
+    rates = decode_rates([record("rest", 0, "a")], processes)
+    assert rates["tokens_per_step"] == pytest.approx(1.75) and rates["ms_per_token"] == pytest.approx(60.0)
+    assert "warm-up included" in rates["source"]
+    assert decode_rates([record("rest", 0, "a")], processes[2:])["tokens_per_step"] is None
+
+
+def test_compare_lists_every_request_whose_suggestion_differs_between_configurations():
+    records = [record("rest", 0, "x = 1"), record("rest", 1, "y"), record("plain", 0, "x = 1"), record("plain", 1, "z")]
+    same = compare(records, ["rest", "plain"])["line"]
+    assert same["same_requests"] and same["compared"] == 2
+    assert [(m["line"], m["rest"], m["plain"]) for m in same["mismatches"]] == [(21, "y", "z")]
+    assert not compare(records[:3], ["rest", "plain"])["line"]["same_requests"]
