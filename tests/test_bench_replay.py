@@ -13,6 +13,7 @@ import pytest
 from benchmarks.bench_replay import (
     Function,
     choose_functions,
+    add_summary,
     compare,
     decode_rates,
     find_functions,
@@ -20,6 +21,7 @@ from benchmarks.bench_replay import (
     percentile,
     plan_episode,
     split_lines,
+    table,
     without_bodies,
 )
 
@@ -181,3 +183,28 @@ def test_compare_lists_every_request_whose_suggestion_differs_between_configurat
     assert same["same_requests"] and same["compared"] == 2
     assert [(m["line"], m["rest"], m["plain"]) for m in same["mismatches"]] == [(21, "y", "z")]
     assert not compare(records[:3], ["rest", "plain"])["line"]["same_requests"]
+
+
+def test_the_table_has_each_mode_the_ratios_the_plain_step_and_the_mismatches():
+    requests = []
+    for mode in ("line", "typed"):
+        for config, ms, tokens, steps, text in (("rest", 400.0, 30, 10, "y"), ("plain", 800.0, 10, 10, "z")):
+            for step in range(3):
+                r = record(config, step, text if step == 2 else "x = 1", generated_tokens=tokens,
+                           decode_steps=steps, decode_ms=tokens * (20.0 if config == "rest" else 40.0))
+                r.update(mode=mode, ms=ms + step, first_after_open=step == 0, answer="model",
+                         first_line_match=step == 1)
+                requests.append(r)
+    results = {"requests": requests, "processes": [], "modes": ["line", "typed"], "functions_per_corpus": 1,
+               "max_lines": 3, "plans": [{"corpus": "/x/json"}], "seed": 0, "pause_ms": 0, "max_new_tokens": 8,
+               "model": "m", "driver": "d", "load_average_before_after": [0, 0], "cpu_count": 2}
+    add_summary(results, ["rest", "plain"])
+    rest = results["summary"]["typed"]["rest"]
+    assert rest["p50_ms"] == 401.5 and rest["first_after_open_median_ms"] == 400.0
+    assert rest["tokens_per_step"] == 3.0 and rest["plain_step_ms"] == 40.0 and rest["p50_plain_steps"] == 401.5 / 40
+    out = table(results, ["rest", "plain"])
+    assert "| line mode | rest | plain | rest/plain |" in out and "| typed mode |" in out
+    assert "| tokens/step | 3.00 | 1.00 | 3.00x |" in out and "| ms/token | 20.0 | 40.0 | 0.50x |" in out
+    assert "p50 latency, ms (plain steps) | 402 (10.0) | 802 (20.0) | 0.50x |" in out
+    assert "Plain decoding step in this run (ms/token of the plain server): 40.0 ms." in out
+    assert out.count("(1 mismatches)") == 2 and "mismatch json/tool.py:22 (line-start): rest='y'  vs  plain='z'" in out
