@@ -130,14 +130,19 @@ class ServerSession:
         self.client.text_document_did_close(types.DidCloseTextDocumentParams(
             text_document=types.TextDocumentIdentifier(uri=uri)))
 
-    async def inline(self, uri: str, at: types.Position) -> tuple[float, str, str, dict, dict]:
+    async def inline(self, uri: str, at: types.Position, timeout_s: float = 600) -> tuple[float, str, str, dict, dict]:
         """(ms from request sent to reply received, text shown, how the server answered: model | type-through |
         empty, the server's stats before and after)."""
         before = await self.stats()
         t0 = time.perf_counter()
-        result = await self.client.text_document_inline_completion_async(types.InlineCompletionParams(
+        request = self.client.text_document_inline_completion_async(types.InlineCompletionParams(
             text_document=types.TextDocumentIdentifier(uri=uri), position=at,
             context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+        try:  # a server that died never answers
+            result = await asyncio.wait_for(request, timeout_s)
+        except asyncio.TimeoutError:
+            raise SystemExit(f"no inline completion from the server in {timeout_s:.0f} s ({uri}, line "
+                             f"{at.line + 1}); did it exit?") from None
         ms = (time.perf_counter() - t0) * 1e3
         after = await self.stats()
         text = result.items[0].insert_text if result and result.items else ""
