@@ -6,11 +6,16 @@ No server here: the benchmark itself drives the real one.
 from __future__ import annotations
 
 import random
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_replay import (
+# benchmarks/ is no installed package: import it from this checkout whatever the working directory
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_replay import (  # noqa: E402
     Function,
     choose_functions,
     add_summary,
