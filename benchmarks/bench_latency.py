@@ -34,11 +34,11 @@ import time
 from pathlib import Path
 
 from lsprotocol import types
-from pygls.lsp.client import LanguageClient
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.lsp_client import ServerSession, position_of, server_command  # noqa: E402
 from rest_lsp.settings import Settings  # noqa: E402
 
 DEF_LINE = re.compile(r"^[ \t]*(async[ \t]+)?def [A-Za-z_]\w*\(.*\).*:[ \t]*$")
@@ -71,50 +71,6 @@ def pick(stdlib: Path, rng: random.Random, n_targets: int, n_workspace: int) -> 
     return workspace, targets
 
 
-def position_of(text: str) -> types.Position:
-    """The LSP position at the end of `text` (ASCII-safe: stdlib sources; UTF-16 units otherwise)."""
-    line = text.count("\n")
-    last = text[text.rfind("\n") + 1:]
-    return types.Position(line=line, character=len(last.encode("utf-16-le")) // 2)
-
-
-class Bench:
-    def __init__(self, client: LanguageClient, root: Path):
-        self.client, self.root = client, root
-        self.version = 0
-
-    async def stats(self) -> dict:
-        return await self.client.workspace_execute_command_async(
-            types.ExecuteCommandParams(command="rest-lsp.stats", arguments=[]))
-
-    def configure(self, settings: dict) -> None:
-        self.client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=settings))
-
-    def open(self, uri: str, text: str) -> None:
-        self.version += 1
-        self.client.text_document_did_open(types.DidOpenTextDocumentParams(
-            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=self.version, text=text)))
-
-    def type_at(self, uri: str, at: types.Position, char: str) -> None:
-        self.version += 1
-        self.client.text_document_did_change(types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=self.version),
-            content_changes=[types.TextDocumentContentChangePartial(range=types.Range(start=at, end=at), text=char)]))
-
-    async def inline(self, uri: str, at: types.Position) -> tuple[float, str, str]:
-        """(ms from request to reply, text shown, how the server answered: model | type-through | empty)."""
-        before = await self.stats()
-        t0 = time.perf_counter()
-        result = await self.client.text_document_inline_completion_async(types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=uri), position=at,
-            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
-        ms = (time.perf_counter() - t0) * 1e3
-        after = await self.stats()
-        text = result.items[0].insert_text if result and result.items else ""
-        how = "type-through" if after["type_through"] > before["type_through"] else "model" if text else "empty"
-        return ms, text, how
-
-
 async def run(args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()  # the cores may be shared: say how busy they were
     rng = random.Random(args.seed)
@@ -130,26 +86,11 @@ async def run(args: argparse.Namespace) -> dict:
     options = {"maxNewTokens": args.max_new_tokens, "cacheDir": str(tmp / "cache")}
     if args.model:
         options["model"] = args.model
-    client = LanguageClient("rest-lsp-bench", "1")
-    messages: list[str] = []
-    client.feature(types.WINDOW_SHOW_MESSAGE)(lambda params: messages.append(params.message))
-    client.feature(types.WINDOW_LOG_MESSAGE)(lambda params: None)
-    await client.start_io(sys.executable, "-m", "rest_lsp.server", "--stdio", "--log-level", "WARNING")
-    bench = Bench(client, root)
+    t0 = time.perf_counter()
+    bench: ServerSession | None = None
     results: dict = {}
     try:
-        t0 = time.perf_counter()
-        await client.initialize_async(types.InitializeParams(
-            capabilities=types.ClientCapabilities(),
-            workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name="workspace")],
-            initialization_options=options))
-        client.initialized(types.InitializedParams())
-        while not (stats := await bench.stats())["ready"]:
-            if stats["load_error"]:
-                raise SystemExit(f"bench_latency: {stats['load_error']}")
-            if time.perf_counter() - t0 > 900:
-                raise SystemExit("bench_latency: the model did not load in 15 minutes.")
-            await asyncio.sleep(0.2)
+        bench = await ServerSession.start(server_command("--log-level", "WARNING"), root, options)
         load_s = time.perf_counter() - t0
         while (stats := await bench.stats())["documents"] < len(workspace_files):
             await asyncio.sleep(0.2)
@@ -174,10 +115,10 @@ async def run(args: argparse.Namespace) -> dict:
                 uri = (tmp / mode.replace(" ", "-") / path.name).as_uri()
                 bench.open(uri, before)
                 at = position_of(before)
-                cold_ms, cold_text, cold_how = await bench.inline(uri, at)
+                cold_ms, cold_text, cold_how, _, _ = await bench.inline(uri, at)
                 char = text[cursor]
-                bench.type_at(uri, at, char)
-                warm_ms, warm_text, warm_how = await bench.inline(uri, position_of(before + char))
+                bench.insert(uri, at, char)
+                warm_ms, warm_text, warm_how, _, _ = await bench.inline(uri, position_of(before + char))
                 rows.append({
                     "mode": mode, "draft_budget": budget, "file": path.name, "line": before.count("\n") + 1,
                     "typed": char, "cold_ms": round(cold_ms, 1), "cold_text": cold_text, "cold_answer": cold_how,
@@ -188,10 +129,9 @@ async def run(args: argparse.Namespace) -> dict:
         final = await bench.stats()
     finally:
         try:
-            await asyncio.wait_for(client.shutdown_async(None), 30)
-            client.exit(None)
+            if bench is not None:
+                await bench.stop()
         finally:
-            await client.stop()
             shutil.rmtree(tmp, ignore_errors=True)
 
     def summary(mode: str, key: str) -> dict:
@@ -215,7 +155,7 @@ async def run(args: argparse.Namespace) -> dict:
         "model_load_s": round(load_s, 1), "index_s": round(index_s, 1),
         "summary": {mode: {"cold": summary(mode, "cold"), "warm": summary(mode, "warm")} for mode, _ in modes},
         "same_cold_text_rest_vs_plain": f"{same}/{len(targets)}",
-        "server_stats": final, "messages": messages, "requests": rows,
+        "server_stats": final, "messages": bench.messages, "requests": rows,
     }
     return results
 

@@ -1,0 +1,599 @@
+"""A person writing code, replayed through the real language server over stdio (pygls' LanguageClient).
+
+What is measured: for N functions of each corpus folder (a seeded choice), the function's body is removed, the
+file is opened, and the body is written again line by line, as a person with an auto-indenting editor would:
+  - at each line start (its indentation already present) the client sends `textDocument/inlineCompletion`,
+    waits for the reply, then inserts the true line with one incremental `didChange` (the line, the line
+    break, blank lines, and the next line's indentation);
+  - mode `typed` (for when the suggestion was wrong): when the line-start suggestion's first line was not the
+    true line, the person types the line's first 1-3 characters (seeded), then requests again;
+  - before each request the person pauses `--pause-ms` (3x right after opening a file).
+Blank lines are written without a request. Every request is timed from sent to reply received.
+
+The same request sequence goes to each configuration: `rest` (the server's defaults, REST on) and `plain`
+(`--draft-budget 0`), each in a fresh server process (`python -m rest_lsp.server --stdio`, default settings
+but the flags named here), one after the other. In `typed` mode the first configuration's suggestions
+decide where the person types (a person reacts to what they see); the others replay those decisions.
+
+The workspace folder of each server is a temporary copy of the corpus in which the chosen functions' bodies
+are removed on disk too, so neither the index nor the opened buffer holds the answer. One unmeasured
+request in a scratch buffer warms each process up first.
+
+Per configuration it prints: requests, p50/p95 latency (ms, and in plain decoding steps: the plain
+server's ms/token in this run), the first request after opening a file (median, on its own line; p50/p95
+cover the other requests), first-line exact matches (the suggestion's first line equals the rest of the true
+line), tokens/step and ms/token (server stats), the REST/plain ratios, and the requests whose suggestions
+differ between configurations. It writes every request's record to a JSON file and both latency
+distributions to a PNG beside it (benchmarks/results/ by default).
+
+    .venv/bin/python benchmarks/bench_replay.py [--corpus DIR ...] [--functions 4] [--lines 8] [--mode line]
+        [--pause-ms 100] [--configs rest,plain] [--seed 0] [--model M] [--max-new-tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lsprotocol import types
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.lsp_client import ServerSession, position_of, server_command, utf16_len  # noqa: E402
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+DEFAULT_CORPORA = (STDLIB / "json", STDLIB / "email", REPO / "rest_lsp")
+CONFIGS = {"rest": (), "plain": ("--draft-budget", "0")}  # name -> server CLI flags
+MODES = ("line", "typed")
+# Cumulative counters the stats would need for exact per-request deltas (not in the server's stats yet: without
+# them tokens/step and ms/token fall back to each process's running means, warm-up included).
+COUNTERS = ("generated_tokens", "decode_steps", "decode_ms")
+WARMUP_TEXT = "import os\n\n\ndef main():\n    "
+MIN_BODY_LINES = 2
+
+
+# -- the person's plan: pure functions --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Function:
+    name: str  # qualified name, e.g. "JSONEncoder.encode"
+    body_start: int  # 0-based index of the first line after the header (comments and blank lines included)
+    body_end: int  # 0-based index past the last body line
+
+
+@dataclass(frozen=True)
+class LineStep:
+    """One line the person writes: the cursor waits at `line` after `indent`; `rest` is what they write there,
+    then `after` (line break, blank lines, the next line's indentation; empty for the last line)."""
+
+    line: int  # 0-based line of the document
+    indent: str
+    rest: str
+    after: str
+    typed_chars: int  # how many characters of `rest` the person types before asking again (typed mode; 0: never)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One function to write: the buffer as opened, the lines to write, and where it comes from."""
+
+    file: str  # relative to the corpus
+    function: str
+    opened: str
+    steps: tuple[LineStep, ...]
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines with their "\\n", split on "\\n" only (as `ast` and LSP count lines; `str.splitlines` also breaks
+    at form feeds and other separators)."""
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
+def _is_code(line: str) -> bool:
+    stripped = line.strip()
+    return bool(stripped) and not stripped.startswith("#")
+
+
+def find_functions(text: str) -> list[Function]:
+    """The functions (and methods, nested ones too) whose body starts on a line after the header."""
+    tree = ast.parse(text)
+    lines = split_lines(text)
+    found: list[Function] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                first = child.body[0].lineno - 1  # 0-based line of the first statement
+                if first > child.lineno - 1:
+                    header_end = first - 1  # back over the comments and blank lines above the first statement
+                    while header_end > child.lineno - 1 and not _is_code(lines[header_end]):
+                        header_end -= 1
+                    found.append(Function(name, header_end + 1, child.end_lineno))
+                visit(child, name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return found
+
+
+def body_lines(text: str, fn: Function) -> list[str]:
+    return split_lines(text)[fn.body_start:fn.body_end]
+
+
+def written_lines(body: list[str]) -> int:
+    return sum(1 for line in body if line.strip())
+
+
+def without_bodies(text: str, functions: list[Function]) -> str:
+    """`text` with the bodies of `functions` (not overlapping) removed: what the corpus holds on disk."""
+    lines = split_lines(text)
+    for fn in sorted(functions, key=lambda f: f.body_start, reverse=True):
+        del lines[fn.body_start:fn.body_end]
+    return "".join(lines)
+
+
+def _indent(line: str) -> str:
+    return line[:len(line) - len(line.lstrip(" \t"))]
+
+
+def plan_episode(text: str, fn: Function, max_lines: int, rng: random.Random, file: str = "") -> Episode:
+    """The buffer with `fn`'s body removed and the cursor line of its first written line (indentation present),
+    and the steps that write up to `max_lines` non-blank lines of the body back."""
+    if not text.endswith("\n"):
+        text += "\n"
+    lines = split_lines(text)
+    head, body, tail = lines[:fn.body_start], lines[fn.body_start:fn.body_end], lines[fn.body_end:]
+    written = [j for j, line in enumerate(body) if line.strip()][:max_lines]
+    if not written:
+        raise ValueError(f"{fn.name} has no body line to write.")
+    steps = []
+    for n, j in enumerate(written):
+        content = body[j].rstrip("\n")
+        indent = _indent(content)
+        rest = content[len(indent):]
+        if n + 1 < len(written):
+            nxt = written[n + 1]
+            after = "\n" + "".join(body[j + 1:nxt]) + _indent(body[nxt])
+        else:
+            after = ""
+        typed = min(rng.randint(1, 3), len(rest) - 1)
+        steps.append(LineStep(len(head) + j, indent, rest, after, max(typed, 0)))
+    first = steps[0]
+    opened = "".join(head) + "".join(body[:written[0]]) + first.indent + "\n" + "".join(tail)
+    return Episode(file, fn.name, opened, tuple(steps))
+
+
+def first_line(suggestion: str) -> str:
+    return suggestion.split("\n", 1)[0]
+
+
+def first_line_matches(suggestion: str, expected: str) -> bool:
+    """The suggestion's first line is the rest of the true line (trailing whitespace aside: nobody sees it)."""
+    return bool(expected.strip()) and first_line(suggestion).rstrip() == expected.rstrip()
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100), interpolating linearly between the closest ranks (numpy's default)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def corpus_files(root: Path) -> dict[str, str]:
+    """Relative path -> text of the Python files under `root` that parse and use "\\n" line breaks only."""
+    files = {}
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            ast.parse(text)
+        except (UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        if "\r" not in text:
+            files[path.relative_to(root).as_posix()] = text
+    return files
+
+
+def choose_functions(files: dict[str, str], n: int, rng: random.Random,
+                     min_lines: int = MIN_BODY_LINES) -> list[tuple[str, Function]]:
+    """n functions with at least `min_lines` non-blank body lines, spread over the files (one per file per
+    round, files in a seeded order), none inside another chosen one."""
+    candidates = {}
+    for name in sorted(files):
+        text = files[name]
+        fns = [f for f in find_functions(text) if written_lines(body_lines(text, f)) >= min_lines]
+        if fns:
+            candidates[name] = fns
+    order = sorted(candidates)
+    rng.shuffle(order)
+    chosen: list[tuple[str, Function]] = []
+    while len(chosen) < n and any(candidates.values()):
+        for name in order:
+            if len(chosen) == n or not candidates[name]:
+                continue
+            fn = candidates[name].pop(rng.randrange(len(candidates[name])))
+            chosen.append((name, fn))
+            candidates[name] = [f for f in candidates[name]
+                                if f.body_end <= fn.body_start or f.body_start >= fn.body_end]
+    return chosen
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+
+def counter_deltas(before: dict, after: dict) -> dict:
+    if not all(k in before and k in after for k in COUNTERS):
+        return {}
+    return {k: after[k] - before[k] for k in COUNTERS}
+
+
+class Person:
+    """Writes the episodes of one (corpus, mode) into one server, recording every request."""
+
+    def __init__(self, session: ServerSession, config: str, corpus: str, mode: str, pause_s: float,
+                 decisions: dict, decide: bool):
+        self.session, self.config, self.corpus, self.mode = session, config, corpus, mode
+        self.pause_s = pause_s
+        self.decisions, self.decide = decisions, decide  # (function, step) -> type and ask again?
+        self.records: list[dict] = []
+
+    async def write(self, uri: str, episode: Episode) -> None:
+        self.session.open(uri, episode.opened)
+        pause = 3 * self.pause_s
+        for s, step in enumerate(episode.steps):
+            await asyncio.sleep(pause)
+            pause = self.pause_s
+            column = utf16_len(step.indent)
+            record = await self.ask(uri, episode, s, step, "", first=s == 0)
+            typed = ""
+            key = f"{episode.file}:{episode.function}:{s}"
+            if self.mode == "typed" and step.typed_chars:
+                if self.decide:
+                    self.decisions[key] = not record["first_line_match"]
+                if self.decisions.get(key, False):
+                    typed = step.rest[:step.typed_chars]
+                    self.session.insert(uri, types.Position(step.line, column), typed)
+                    await asyncio.sleep(self.pause_s)
+                    await self.ask(uri, episode, s, step, typed, first=False)
+            at = types.Position(step.line, column + utf16_len(typed))
+            self.session.insert(uri, at, step.rest[len(typed):] + step.after)
+        self.session.close(uri)
+
+    async def ask(self, uri: str, episode: Episode, s: int, step: LineStep, typed: str, first: bool) -> dict:
+        at = types.Position(step.line, utf16_len(step.indent + typed))
+        ms, text, how, before, after = await self.session.inline(uri, at)
+        expected = step.rest[len(typed):]
+        record = {
+            "config": self.config, "corpus": self.corpus, "mode": self.mode, "file": episode.file,
+            "function": episode.function, "step": s, "kind": "typed" if typed else "line-start",
+            "first_after_open": first, "line": step.line + 1, "character": at.character, "typed": typed,
+            "expected": expected, "ms": round(ms, 1), "text": text, "answer": how,
+            "first_line_match": first_line_matches(text, expected),
+            **counter_deltas(before, after),
+        }
+        self.records.append(record)
+        print(f"{self.config:5} {self.mode:5} {episode.file}:{step.line + 1:<5} {record['kind']:10} "
+              f"{ms:7.0f} ms {how:12} {'=' if record['first_line_match'] else 'x'} {first_line(text)[:50]!r}",
+              file=sys.stderr)
+        return record
+
+
+def prepare_workspace(corpus: Path, dest: Path, files: dict[str, str], chosen: list[tuple[str, Function]]) -> None:
+    """A copy of the corpus whose chosen bodies are gone on disk too."""
+    shutil.copytree(corpus, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".git"))
+    by_file: dict[str, list[Function]] = {}
+    for name, fn in chosen:
+        by_file.setdefault(name, []).append(fn)
+    for name, fns in by_file.items():
+        (dest / name).write_text(without_bodies(files[name], fns), encoding="utf-8")
+
+
+async def run_process(args: argparse.Namespace, config: str, root: Path, work: Path, corpus: str, mode: str,
+                      episodes: list[Episode], decisions: dict, decide: bool) -> tuple[list[dict], dict]:
+    """One server process of one configuration: start, index, warm up, write every episode; (records, info)."""
+    tag = f"{config}-{mode}"
+    flags = ["--log-level", "WARNING", "--log-file", str(work / f"server-{tag}.log"),
+             "--cache-dir", str(work / f"cache-{tag}"), *CONFIGS[config]]
+    if args.model:
+        flags += ["--model", args.model]
+    if args.max_new_tokens:
+        flags += ["--max-new-tokens", str(args.max_new_tokens)]
+    t0 = time.perf_counter()
+    session = await ServerSession.start(server_command(*flags), root)
+    try:
+        load_s = time.perf_counter() - t0
+        await session.wait_indexed(1)
+        index_s = time.perf_counter() - t0 - load_s
+        warm_uri = (work / f"warmup-{tag}.py").as_uri()  # outside the workspace folder
+        session.open(warm_uri, WARMUP_TEXT)
+        await session.inline(warm_uri, position_of(WARMUP_TEXT))
+        session.close(warm_uri)
+        person = Person(session, config, corpus, mode, args.pause_ms / 1e3, decisions, decide)
+        for episode in episodes:
+            await person.write((root / episode.file).as_uri(), episode)
+        final = await session.stats()
+        info = {"config": config, "corpus": corpus, "mode": mode, "flags": flags, "model_load_s": round(load_s, 1),
+                "index_s": round(index_s, 1), "final_stats": final, "messages": session.messages}
+        return person.records, info
+    except BaseException:
+        log = work / f"server-{tag}.log"
+        if log.exists():  # the temporary folder goes away: say what the server said
+            print(f"bench_replay: {config} server log (end):\n{log.read_text(errors='replace')[-3000:]}",
+                  file=sys.stderr)
+        raise
+    finally:
+        await session.stop()
+
+
+async def run(args: argparse.Namespace) -> dict:
+    load_before = os.getloadavg()  # the cores may be shared: say how busy they were
+    modes = list(MODES) if args.mode == "both" else [args.mode]
+    tmp = Path(tempfile.mkdtemp(prefix="rest-lsp-replay-"))
+    records, processes, plans = [], [], []
+    try:
+        for c, corpus in enumerate(args.corpus):
+            files = corpus_files(corpus)
+            rng = random.Random(f"{args.seed}:{corpus.name}")
+            chosen = choose_functions(files, args.functions, rng)
+            if not chosen:
+                raise SystemExit(f"bench_replay: no function with {MIN_BODY_LINES}+ body lines in {corpus}.")
+            episodes = [plan_episode(files[name], fn, args.lines, rng, name) for name, fn in chosen]
+            plans.append({"corpus": str(corpus), "functions": [
+                {"file": e.file, "function": e.function, "lines": len(e.steps)} for e in episodes]})
+            work = tmp / f"{c}-{corpus.name}"
+            root = work / corpus.name
+            prepare_workspace(corpus, root, files, chosen)
+            for mode in modes:
+                decisions: dict = {}
+                for k, config in enumerate(args.configs):
+                    got, info = await run_process(args, config, root, work, corpus.name, mode, episodes,
+                                                  decisions, decide=k == 0)
+                    records += got
+                    processes.append(info)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "driver": "the real server over stdio (pygls LanguageClient); time from request sent to reply received",
+        "model": args.model or "default (SmolLM2-135M-Instruct, from its .gguf)",
+        "device": "server default (cpu here: float32)", "cpu_count": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+        "seed": args.seed, "functions_per_corpus": args.functions, "max_lines": args.lines, "modes": modes,
+        "pause_ms": args.pause_ms, "max_new_tokens": args.max_new_tokens or "server default",
+        "configs": {c: list(CONFIGS[c]) for c in args.configs}, "plans": plans,
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "processes": processes, "requests": records,
+    }
+
+
+# -- summary -----------------------------------------------------------------------------------------------------
+
+def decode_rates(records: list[dict], processes: list[dict]) -> dict:
+    """tokens/step and ms/token of these requests: exact from counter deltas when the server has the counters;
+    else its running means per process (warm-up included), weighted by decoded completions (an approximation)."""
+    if records and all(k in r for r in records for k in COUNTERS):
+        tokens = sum(r["generated_tokens"] for r in records)
+        steps = sum(r["decode_steps"] for r in records)
+        ms = sum(r["decode_ms"] for r in records)
+        return {"tokens_per_step": tokens / steps if steps else None, "ms_per_token": ms / tokens if tokens else None,
+                "source": "stats counter deltas over the measured requests"}
+    means = [(p["final_stats"].get("mean_tokens_per_step"), p["final_stats"].get("mean_ms_per_token"),
+              p["final_stats"].get("completions_decoded") or 0) for p in processes]
+    means = [m for m in means if m[0] is not None and m[1] is not None and m[2]]
+    total = sum(m[2] for m in means)
+    if not total:
+        return {"tokens_per_step": None, "ms_per_token": None, "source": "no decoded completion"}
+    return {"tokens_per_step": sum(m[0] * m[2] for m in means) / total,
+            "ms_per_token": sum(m[1] * m[2] for m in means) / total,
+            "source": "the server's running means per process (warm-up included), weighted by completions decoded"}
+
+
+def summarize(records: list[dict], processes: list[dict]) -> dict:
+    later = [r["ms"] for r in records if not r["first_after_open"]]
+    first = [r["ms"] for r in records if r["first_after_open"]]
+    return {
+        "requests": len(records), "first_after_open": len(first),
+        "type_through": sum(r["answer"] == "type-through" for r in records),
+        "empty": sum(r["answer"] == "empty" for r in records),
+        "p50_ms": percentile(later, 50), "p95_ms": percentile(later, 95),
+        "first_after_open_median_ms": statistics.median(first) if first else None,
+        "first_line_matches": sum(r["first_line_match"] for r in records),
+        **decode_rates(records, processes),
+    }
+
+
+def key_of(r: dict) -> tuple:
+    return (r["corpus"], r["mode"], r["file"], r["function"], r["step"], r["kind"])
+
+
+def compare(records: list[dict], configs: list[str]) -> dict:
+    """Per mode: were the request sequences identical, and which suggestions differ from the first config's."""
+    out = {}
+    base = configs[0]
+    for mode in sorted({r["mode"] for r in records}):
+        by_config = {c: [r for r in records if r["config"] == c and r["mode"] == mode] for c in configs}
+        keys = {c: [key_of(r) for r in rs] for c, rs in by_config.items()}
+        mismatches = []
+        for c in configs[1:]:
+            theirs = {key_of(r): r for r in by_config[c]}
+            for r in by_config[base]:
+                other = theirs.get(key_of(r))
+                if other is not None and other["text"] != r["text"]:
+                    mismatches.append({"config": c, "corpus": r["corpus"], "file": r["file"], "line": r["line"],
+                                       "kind": r["kind"], base: r["text"], c: other["text"]})
+        out[mode] = {"same_requests": all(keys[c] == keys[base] for c in configs),
+                     "compared": len(by_config[base]) if len(configs) > 1 else 0, "mismatches": mismatches}
+    return out
+
+
+def add_summary(results: dict, configs: list[str]) -> None:
+    records, processes = results["requests"], results["processes"]
+    results["summary"] = {
+        mode: {c: summarize([r for r in records if r["config"] == c and r["mode"] == mode],
+                            [p for p in processes if p["config"] == c and p["mode"] == mode]) for c in configs}
+        for mode in results["modes"]
+    }
+    for mode, per in results["summary"].items():
+        plain_step = per.get("plain", {}).get("ms_per_token")
+        for s in per.values():
+            s["plain_step_ms"] = plain_step
+            s["p50_plain_steps"] = s["p50_ms"] / plain_step if plain_step and s["p50_ms"] is not None else None
+            s["p95_plain_steps"] = s["p95_ms"] / plain_step if plain_step and s["p95_ms"] is not None else None
+    results["identical"] = compare(records, configs)
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def _num(x, fmt: str = ".0f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def table(results: dict, configs: list[str]) -> str:
+    corpora = ", ".join(Path(p["corpus"]).name for p in results["plans"])
+    out = [f"Replay of a person writing code: {results['functions_per_corpus']} functions x up to "
+           f"{results['max_lines']} lines per corpus ({corpora}), seed {results['seed']}, pause "
+           f"{results['pause_ms']} ms, max new tokens {results['max_new_tokens']}; {results['model']}; "
+           f"{results['driver']}."]
+    ratio = "rest" in configs and "plain" in configs
+    for mode, per in results["summary"].items():
+        s = [per[c] for c in configs]
+        cell = lambda f: [f(x) for x in s]  # noqa: E731
+        head = "| " + mode + " mode | " + " | ".join(configs) + (" | rest/plain |" if ratio else " |")
+        rows = [
+            ("requests (first after open / type-through / empty)",
+             cell(lambda x: f"{x['requests']} ({x['first_after_open']}/{x['type_through']}/{x['empty']})"), None),
+            ("p50 latency, ms (plain steps)", cell(lambda x: f"{_num(x['p50_ms'])} ({_num(x['p50_plain_steps'], '.1f')})"),
+             "p50_ms"),
+            ("p95 latency, ms (plain steps)", cell(lambda x: f"{_num(x['p95_ms'])} ({_num(x['p95_plain_steps'], '.1f')})"),
+             "p95_ms"),
+            ("first request after opening a file, median ms", cell(lambda x: _num(x["first_after_open_median_ms"])),
+             "first_after_open_median_ms"),
+            ("first-line exact matches",
+             cell(lambda x: f"{x['first_line_matches']}/{x['requests']}"), "first_line_matches"),
+            ("tokens/step", cell(lambda x: _num(x["tokens_per_step"], ".2f")), "tokens_per_step"),
+            ("ms/token", cell(lambda x: _num(x["ms_per_token"], ".1f")), "ms_per_token"),
+        ]
+        out += ["", head, "|---" * (len(configs) + 1 + ratio) + "|"]
+        for label, cells, key in rows:
+            extra = f" {_ratio(per['rest'][key], per['plain'][key])} |" if ratio and key else (" |" if ratio else "")
+            out.append(f"| {label} | " + " | ".join(cells) + " |" + extra)
+        plain_step = s[0]["plain_step_ms"]
+        out.append("")
+        out.append(f"Plain decoding step in this run (ms/token of the plain server): {_num(plain_step, '.1f')} ms. "
+                   f"tokens/step and ms/token: {s[0]['source']}.")
+        same = results["identical"][mode]
+        if len(configs) > 1:
+            out.append(f"Request sequences identical across configurations: {'yes' if same['same_requests'] else 'NO'}. "
+                       f"Identical suggestions: {same['compared'] - len(same['mismatches'])}/{same['compared']} "
+                       f"requests ({len(same['mismatches'])} mismatches).")
+            for m in same["mismatches"]:
+                out.append(f"  mismatch {m['corpus']}/{m['file']}:{m['line']} ({m['kind']}): "
+                           + "  vs  ".join(f"{c}={m[c]!r}" for c in configs if c in m))
+    load = results["load_average_before_after"]
+    out += ["", f"Load average (1 min) before/after: {load} on {results['cpu_count']} cores."]
+    return "\n".join(out)
+
+
+def plot(results: dict, configs: list[str], path: Path) -> None:
+    """Both latency distributions (requests after the first of each file): ECDF and histogram, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    series = {f"{c} ({mode})" if len(results["modes"]) > 1 else c:
+              sorted(r["ms"] for r in results["requests"]
+                     if r["config"] == c and r["mode"] == mode and not r["first_after_open"])
+              for mode in results["modes"] for c in configs}
+    series = {k: v for k, v in series.items() if v}
+    fig, (ecdf, hist) = plt.subplots(1, 2, figsize=(12, 4.5))
+    everything = [x for v in series.values() for x in v] or [1.0]
+    bins = np.geomspace(max(min(everything), 1.0) * 0.9, max(everything) * 1.1, 30)
+    for label, values in series.items():
+        fractions = np.arange(len(values) + 1) / len(values)  # from 0 at the fastest request to 1 at the slowest
+        ecdf.step([values[0], *values], fractions, where="post", label=f"{label}, n={len(values)}")
+        hist.hist(values, bins=bins, alpha=0.5, label=label)
+    for ax in (ecdf, hist):
+        ax.set_xscale("log")
+        ax.set_xlabel("inline completion latency, ms (request sent to reply received)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    ecdf.set_ylabel("fraction of requests")
+    hist.set_ylabel("requests")
+    corpora = ", ".join(Path(p["corpus"]).name for p in results["plans"])
+    fig.suptitle(f"bench_replay: a person writing code ({corpora}; first request after each open left out)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, action="append",
+                        help="folder of Python files (repeatable; default: the standard library's json and email, "
+                             "and this repository's rest_lsp)")
+    parser.add_argument("--functions", type=int, default=4, help="functions written per corpus (default 4)")
+    parser.add_argument("--lines", type=int, default=8, help="most lines written per function (default 8)")
+    parser.add_argument("--mode", choices=("line", "typed", "both"), default="line")
+    parser.add_argument("--pause-ms", type=float, default=100,
+                        help="the person's time before each request; 3x after opening a file (default 100)")
+    parser.add_argument("--configs", default="rest,plain", help="comma-separated, from: " + ", ".join(CONFIGS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="default: the server's (the bundled default model)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the server's")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "replay.json",
+                        help="the JSON of all requests; the PNG goes beside it")
+    args = parser.parse_args(argv)
+    args.corpus = [c.resolve() for c in args.corpus or DEFAULT_CORPORA]
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in args.configs if c not in CONFIGS]
+    if bad or not args.configs or len(set(args.configs)) != len(args.configs):
+        parser.error(f"--configs takes distinct names from {', '.join(CONFIGS)}; got {','.join(args.configs)}")
+    missing = [str(c) for c in args.corpus if not c.is_dir()]
+    if missing:
+        parser.error(f"--corpus: not a folder: {', '.join(missing)}")
+    if args.functions < 1 or args.lines < 1 or args.pause_ms < 0:
+        parser.error("--functions and --lines must be at least 1, --pause-ms at least 0.")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = asyncio.run(run(args))
+    add_summary(results, args.configs)
+    print(table(results, args.configs))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    png = args.out.with_suffix(".png")
+    plot(results, args.configs, png)
+    print(f"\nsaved {args.out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

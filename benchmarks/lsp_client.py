@@ -1,0 +1,167 @@
+"""The benchmarks' side of the real language server: one `rest-lsp` process over stdio, driven with pygls'
+LanguageClient as an editor would (didOpen, incremental didChange, textDocument/inlineCompletion), plus
+the server's `rest-lsp.stats` command to read what happened inside.
+
+Shared by bench_latency.py and bench_replay.py; no benchmark logic here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+from lsprotocol import types
+from pygls.lsp.client import LanguageClient
+
+REPO = Path(__file__).resolve().parents[1]
+STATS_COMMAND = "rest-lsp.stats"
+
+
+def position_of(text: str) -> types.Position:
+    """The LSP position at the end of `text` (characters counted in UTF-16 units, as LSP does by default)."""
+    line = text.count("\n")
+    last = text[text.rfind("\n") + 1:]
+    return types.Position(line=line, character=utf16_len(last))
+
+
+def utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def server_command(*flags: str) -> list[str]:
+    """The command a user runs (`python -m rest_lsp.server --stdio`), with extra CLI flags."""
+    return [sys.executable, "-m", "rest_lsp.server", "--stdio", *flags]
+
+
+def server_env() -> dict[str, str]:
+    """The environment of the server process: this checkout's `rest_lsp` first, whatever is installed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+class ServerSession:
+    """One server process and the client talking to it; `await ServerSession.start(...)`, then `await stop()`."""
+
+    def __init__(self, client: LanguageClient):
+        self.client = client
+        self.version = 0
+        self.messages: list[str] = []  # window/showMessage texts, for the results
+        self.indexing: set[str] = set()  # progress tokens begun and not ended
+        self.indexed_roots = 0  # progress reports that ended
+
+    @classmethod
+    async def start(cls, command: list[str], root: Path, options: dict | None = None,
+                    timeout_s: float = 900) -> "ServerSession":
+        """Start the server, initialize it on the workspace folder `root`, and wait until its model is ready."""
+        client = LanguageClient("rest-lsp-bench", "1")
+        session = cls(client)
+        session._register_handlers()
+        await client.start_io(*command, env=server_env())
+        try:
+            await client.initialize_async(types.InitializeParams(
+                capabilities=types.ClientCapabilities(window=types.WindowClientCapabilities(work_done_progress=True)),
+                workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name or "workspace")],
+                initialization_options=options or {}))
+            client.initialized(types.InitializedParams())
+            await session.wait_ready(timeout_s)
+        except BaseException:
+            await session.stop()
+            raise
+        return session
+
+    def _register_handlers(self) -> None:
+        client = self.client
+        client.feature(types.WINDOW_SHOW_MESSAGE)(lambda params: self.messages.append(params.message))
+        client.feature(types.WINDOW_LOG_MESSAGE)(lambda params: None)
+        client.feature(types.WINDOW_WORK_DONE_PROGRESS_CREATE)(lambda params: None)
+        client.feature(types.PROGRESS)(lambda params: self._on_progress(params))
+
+    def _on_progress(self, params: types.ProgressParams) -> None:
+        value = params.value
+        kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+        if kind == "begin":
+            self.indexing.add(str(params.token))
+        elif kind == "end":
+            self.indexing.discard(str(params.token))
+            self.indexed_roots += 1
+
+    async def stats(self) -> dict:
+        return await self.client.workspace_execute_command_async(
+            types.ExecuteCommandParams(command=STATS_COMMAND, arguments=[]))
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        t0 = time.perf_counter()
+        while not (stats := await self.stats())["ready"]:
+            if stats["load_error"]:
+                raise SystemExit(f"the server could not load its model: {stats['load_error']}")
+            if time.perf_counter() - t0 > timeout_s:
+                raise SystemExit(f"the server's model did not load in {timeout_s:.0f} s.")
+            await asyncio.sleep(0.2)
+
+    async def wait_indexed(self, roots: int = 1, timeout_s: float = 900) -> None:
+        """Until the server has reported the end of indexing for `roots` workspace folders (work-done progress)."""
+        t0 = time.perf_counter()
+        while self.indexed_roots < roots:
+            if time.perf_counter() - t0 > timeout_s:
+                raise SystemExit(f"the server did not finish indexing in {timeout_s:.0f} s "
+                                 f"({self.indexed_roots} of {roots} folders).")
+            await asyncio.sleep(0.2)
+
+    def configure(self, settings: dict) -> None:
+        self.client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=settings))
+
+    def open(self, uri: str, text: str) -> None:
+        self.version += 1
+        self.client.text_document_did_open(types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=self.version, text=text)))
+
+    def insert(self, uri: str, at: types.Position, text: str) -> None:
+        """An incremental didChange: `text` inserted at `at`."""
+        self.version += 1
+        self.client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=self.version),
+            content_changes=[types.TextDocumentContentChangePartial(range=types.Range(start=at, end=at), text=text)]))
+
+    def close(self, uri: str) -> None:
+        self.client.text_document_did_close(types.DidCloseTextDocumentParams(
+            text_document=types.TextDocumentIdentifier(uri=uri)))
+
+    async def inline(self, uri: str, at: types.Position, timeout_s: float = 600) -> tuple[float, str, str, dict, dict]:
+        """(ms from request sent to reply received, text shown, how the server answered: model | type-through |
+        empty, the server's stats before and after)."""
+        before = await self.stats()
+        t0 = time.perf_counter()
+        request = self.client.text_document_inline_completion_async(types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=at,
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+        try:  # a server that died never answers
+            result = await asyncio.wait_for(request, timeout_s)
+        except asyncio.TimeoutError:
+            raise SystemExit(f"no inline completion from the server in {timeout_s:.0f} s ({uri}, line "
+                             f"{at.line + 1}); did it exit?") from None
+        ms = (time.perf_counter() - t0) * 1e3
+        after = await self.stats()
+        text = result.items[0].insert_text if result and result.items else ""
+        if not isinstance(text, str):  # a StringValue snippet: its text
+            text = text.value
+        how = "type-through" if after["type_through"] > before["type_through"] else "model" if text else "empty"
+        return ms, text, how, before, after
+
+    async def stop(self) -> None:
+        """shutdown + exit, then end the process (killed if it has not exited 30 s later)."""
+        try:
+            await asyncio.wait_for(self.client.shutdown_async(None), 30)
+            self.client.exit(None)
+        except Exception:
+            pass
+        process = getattr(self.client, "_server", None)  # pygls' stop() waits for it with no limit
+        if process is not None and process.returncode is None:
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except asyncio.TimeoutError:
+                process.kill()
+        await self.client.stop()
