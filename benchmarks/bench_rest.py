@@ -2,7 +2,7 @@
 
 Completion points are function starts (the line after `def ...:`) in folders of real code, chosen with a fixed
 seed. The prompt is the file up to that point (its last --context tokens). REST drafts come from the prompt and
-generated text (ContextLookup), the OTHER files of the folder, indexed in the workspace Datastore (the file being
+generated text (ContextLookup), the file after the function (the text below the cursor), the OTHER files of the folder, indexed in the workspace Datastore (the file being
 completed is removed from it, as its function body would not exist yet in an editor), the model's own earlier
 outputs in this run, and its habits (the successor table, learned from the logits of earlier steps). Every REST
 decoder starts with an empty acceptance table and learns as the run goes.
@@ -30,7 +30,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from rest_lsp.datastore import Datastore
 from rest_lsp.decoding import DecodeConfig, Decoder
-from rest_lsp.drafts import ContextLookup, OutputStore, Proposal, SuccessorTable, rest_drafts
+from rest_lsp.drafts import SOURCE_NAMES, ContextLookup, OutputStore, Proposal, SuccessorTable, rest_drafts
 from rest_lsp.model import load_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -64,6 +64,18 @@ def hf_generate(model, prompt: list[int], n: int, **kw) -> tuple[list[int], floa
     new = out[0, len(prompt):].tolist()
     first = clock.first or t1
     return new, (first - t0) * 1e3, (t1 - first) * 1e3 / max(1, len(new) - 1)
+
+
+def text_after_function(text: str, body_start: int) -> str:
+    """The file after the function whose body starts at `body_start`: what an editor holds below the cursor while
+    the body is being written (the body itself does not exist yet)."""
+    header = text.rfind("\n", 0, text.rfind("\n", 0, body_start)) + 1
+    line = text[header:body_start]
+    indent = len(line) - len(line.lstrip())
+    for m in re.finditer(r"^([ \t]*)\S", text[body_start:], flags=re.M):
+        if len(m.group(1)) <= indent:
+            return text[body_start + m.start():]
+    return ""
 
 
 def completion_points(files: list[Path], count: int, seed: int) -> list[tuple[Path, int]]:
@@ -139,7 +151,7 @@ def main() -> None:
     # starting empty (nothing loaded from disk) and living across corpora, as in a server.
     configs = ["rest"] + (["fixed"] if args.compare_fixed else []) + (["useless"] if args.useless else [])
     if args.ablate:
-        configs += [f"-{name}" for name in ("context", "outputs", "workspace", "recycle")]
+        configs += [f"-{name}" for name in SOURCE_NAMES]
     decoders = {c: Decoder(loaded) for c in configs}
     recycles = {c: SuccessorTable() for c in configs}
     outputs = {c: OutputStore() for c in configs}
@@ -158,8 +170,10 @@ def main() -> None:
         print(f"corpus {corpus}: {len(files)} files, {sum(map(len, token_lists))} tokens, indexed in "
               f"{time.perf_counter() - t0:.1f} s; {len(points)} completion points", flush=True)
         for path, offset in points:
-            text = path.read_text(encoding="utf-8", errors="replace")[:offset]
+            full = path.read_text(encoding="utf-8", errors="replace")
+            text = full[:offset]
             prompt = tok.encode(text)[-args.context:]
+            suffix = tok.encode(text_after_function(full, offset)[:4000])
             store.remove(str(path))  # the function being written is not in the workspace yet
 
             plain, _, plain_ms = hf_generate(model, prompt, n)
@@ -173,7 +187,8 @@ def main() -> None:
                 if c == "useless":
                     drafts = Useless(loaded.model.config.vocab_size, args.seed)
                 else:
-                    drafts = rest_drafts(store, outputs=outputs[c], recycle=recycles[c], exclude=[c[1:]] if c.startswith("-") else ())
+                    drafts = rest_drafts(store, suffix=suffix, outputs=outputs[c], recycle=recycles[c],
+                                         exclude=[c[1:]] if c.startswith("-") else ())
                 decoders[c].reset()  # a cold cache per prompt, as for the others
                 result = decoders[c].generate(prompt, drafts, DecodeConfig(max_new_tokens=n, budget=budget,
                                                                            fit_to_cost=c != "fixed"))
@@ -181,6 +196,7 @@ def main() -> None:
                 row.update({
                     f"{c}_ms_per_token": result.ms_per_token,
                     f"{c}_tokens_per_step": result.tokens_per_step,
+                    f"{c}_draft_share": result.draft_ms / result.decode_ms,  # of decode time: retrieval + trees
                     f"speedup_{c}": plain_ms / result.ms_per_token,
                     f"{c}_equals_plain": result.tokens == plain,
                 })
@@ -209,13 +225,13 @@ def main() -> None:
         "budget": budget, "device": str(loaded.device), "dtype": str(loaded.dtype), "max_new_tokens": n,
     }
     labels = {"rest": "REST (default)", "fixed": "REST, full budget every step", "useless": "REST, always-wrong source",
-              **{f"-{s}": f"REST without {s}" for s in ("context", "outputs", "workspace", "recycle")}}
+              **{f"-{s}": f"REST without {s}" for s in SOURCE_NAMES}}
     print("\n| configuration | median ms/token | median tokens/step | median speedup vs plain | vs prompt lookup | "
-          "slowest prompt vs plain | identical to plain |")
-    print("|---|---|---|---|---|---|---|")
-    print(f"| plain (transformers generate) | {summary['median_plain_ms_per_token']:.1f} | 1 | 1x | | | - |")
+          "slowest prompt vs plain | identical to plain | drafting share of decode time |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| plain (transformers generate) | {summary['median_plain_ms_per_token']:.1f} | 1 | 1x | | | - | - |")
     print(f"| prompt lookup (generate) | {summary['median_pld_ms_per_token']:.1f} | - | {summary['median_speedup_pld']:.2f}x | "
-          f"1x | {min(r['speedup_pld'] for r in rows):.2f}x | {summary['pld_identical']}/{len(rows)} |")
+          f"1x | {min(r['speedup_pld'] for r in rows):.2f}x | {summary['pld_identical']}/{len(rows)} | - |")
     for c in configs:
         vs_pld = statistics.median(r["pld_ms_per_token"] / r[f"{c}_ms_per_token"] for r in rows)
         summary[c] = {
@@ -225,10 +241,12 @@ def main() -> None:
             "median_speedup_vs_pld": vs_pld,
             "slowest_speedup": min(r[f"speedup_{c}"] for r in rows),
             "identical": sum(r[f"{c}_equals_plain"] for r in rows),
+            "median_draft_share": med(f"{c}_draft_share"),
         }
         x = summary[c]
         print(f"| {labels[c]} | {x['median_ms_per_token']:.1f} | {x['median_tokens_per_step']:.2f} | "
-              f"{x['median_speedup']:.2f}x | {vs_pld:.2f}x | {x['slowest_speedup']:.2f}x | {x['identical']}/{len(rows)} |")
+              f"{x['median_speedup']:.2f}x | {vs_pld:.2f}x | {x['slowest_speedup']:.2f}x | {x['identical']}/{len(rows)} | "
+              f"{100 * x['median_draft_share']:.1f}% |")
     if len(corpora) > 1:
         print("\n| corpus | prompts | REST median speedup | REST tokens/step | PLD median speedup |")
         print("|---|---|---|---|---|")

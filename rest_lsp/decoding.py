@@ -40,6 +40,7 @@ class DecodeResult:
     decode_ms: float
     finish: str  # "length" | "eos" | "stopped"
     prefill_tokens: int = 0  # tokens the prefill actually ran (less than the prompt when the cache was reused)
+    draft_ms: float = 0.0  # of decode_ms: retrieval and tree building, the price of drafting
 
     @property
     def tokens_per_step(self) -> float:
@@ -278,11 +279,14 @@ class Decoder:
         new: list[int] = []
         steps, finish = 0, "length"
         recycle = config.budget > 0 and getattr(drafts, "wants_successors", hasattr(drafts, "observe_successors"))
+        draft_s = 0.0
         while len(new) < config.max_new_tokens:
+            t_draft = time.perf_counter()
             proposals = propose(drafts, seq) if config.budget > 0 else []
             tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
             if config.fit_to_cost:
                 tree = fit_to_cost(tree, self.step_cost)
+            draft_s += time.perf_counter() - t_draft
             base = self._cache.get_seq_length()
             logits_at = _memo(self.verify(tree))
             steps += 1
@@ -311,4 +315,5 @@ class Decoder:
             decode_ms=(t2 - t1) * 1e3,
             finish=finish,
             prefill_tokens=computed,
+            draft_ms=draft_s * 1e3,
         )
