@@ -62,11 +62,6 @@ class _View:
     found: dict = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass
-class _Merge:
-    inputs: list[Segment] = field(default_factory=list)
-
-
 class Datastore:
     """A token index of many documents that answers `continuations` and follows puts and removes."""
 
@@ -335,15 +330,8 @@ class Datastore:
         self._merge_wanted.notify_all()
 
     def _merge_loop(self) -> None:
-        inputs: list[Segment] = []
-        while True:
-            inputs = self._next_merge()
-            if inputs is None:
-                return
-            self._merge_or_back_off(inputs)
-            # Let go of the inputs before waiting: else their arrays (memory maps of deleted files too) would
-            # live until the next merge.
-            inputs = []
+        while (inputs := self._next_merge()) is not None:
+            self._merge_or_back_off(inputs)     # empties `inputs`: nothing of them is kept while waiting
 
     def _next_merge(self) -> list[Segment] | None:
         """Wait for a merge to be due and take its inputs; None once closed."""
@@ -379,16 +367,16 @@ class Datastore:
         return self._retry_at > _clock()
 
     def _run_merge(self, inputs: list[Segment]) -> None:
+        """Merge `inputs` into one segment and swap it in. Empties `inputs` before the merge counts as done,
+        so no reference to them (their arrays, memory maps of deleted files) outlives it."""
+        names = {s.name for s in inputs}
         try:
-            docs = [(seg.doc_ids[i], seg.doc_tokens(i), int(seg.sources[i]))
-                    for seg in inputs for i in range(seg.doc_count) if seg.live[i]]
-            merged = build_segment(docs) if docs else None
+            merged = _merged(inputs)
             with self._lock:
-                names = {s.name for s in inputs}
                 segments = [s for s in self._view.segments if s.name not in names]
                 if merged is not None:
                     # Documents replaced or removed while the merge ran stay dead in the result.
-                    sources = {(s.name, i): None for s in inputs for i in range(s.doc_count)}
+                    sources = {(s.name, i) for s in inputs for i in range(s.doc_count)}
                     dead = []
                     for i, doc_id in enumerate(merged.doc_ids):
                         where = self._docs.get(doc_id)
@@ -402,10 +390,17 @@ class Datastore:
                         segments.append(merged)
                 self._view = _View(tuple(segments))
         finally:
+            inputs.clear()
             with self._lock:
-                self._merging.difference_update(s.name for s in inputs)
+                self._merging.difference_update(names)
                 self._merges_running -= 1
                 self._merge_wanted.notify_all()
+
+
+def _merged(inputs: list[Segment]) -> Segment | None:
+    docs = [(seg.doc_ids[i], seg.doc_tokens(i), int(seg.sources[i]))
+            for seg in inputs for i in range(seg.doc_count) if seg.live[i]]
+    return build_segment(docs) if docs else None
 
 
 def _reversed_ids(context: Sequence[int]) -> list[int] | None:
