@@ -48,6 +48,10 @@ def run(args) -> int:
         if bar is not None:
             bar.done()
     seconds = time.perf_counter() - started
+    if not stats["saved"]:
+        datastore.close()
+        print(f"rest-lsp index: could not save the index of '{args.dir}': {index.save_error}", file=sys.stderr)
+        return 1
     if args.query is not None:
         result = _query(datastore, tokenizer, args.query, args.top)
         datastore.close()

@@ -59,3 +59,19 @@ def test_index_then_query(cli, tmp_path, capsys):
 def test_bad_folder_is_one_sentence(cli, tmp_path, capsys):
     assert cli(str(tmp_path / "missing")) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_a_save_that_fails_is_an_error(cli, tmp_path, capsys, monkeypatch):
+    import errno
+
+    import numpy as np
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(np, "save", disk_full)
+    assert cli(str(ws)) == 1
+    assert "could not save the index" in capsys.readouterr().err

@@ -15,8 +15,8 @@ from typing import Callable, Iterable, Sequence
 
 from .ignore import IgnoreRules, is_ignore_file, relative
 from .persist import IndexFolder, default_cache_dir, index_folder
-from .scan import Signature, read_text, stat_file, walk
-from .store import Datastore, Source
+from .scan import Signature, as_text, read_bytes, settled, stat_file, unchanged, walk
+from .store import Datastore, Source, as_tokens
 from .watcher import DebouncedWatcher
 
 log = logging.getLogger(__name__)
@@ -54,25 +54,42 @@ class WorkspaceIndex:
         self._dirty = False                         # changes not yet saved
         self._watcher: DebouncedWatcher | None = None
         self._lock = threading.Lock()               # build / watcher batches / save, one at a time
+        # Listeners are called outside `_lock`, and none once stop() has begun: stop() may be called by a thread
+        # that holds a lock the listener wants, so it must neither wait for a listener nor for `_lock` behind one.
+        self._changed: list[str] = []               # doc ids changed, for the listener
+        self._gate = threading.Lock()
+        self._stopping = False
+        self._in_listener = False
+        self.save_error: str | None = None          # why the last save failed, if it did
 
     # --- public ------------------------------------------------------------------------------
     def build(self) -> dict:
-        """Load the saved index, reconcile it with the disk, index what is new or changed, save."""
+        """Load the saved index, reconcile it with the disk, index what is new or changed, save.
+
+        A save that fails (a full disk) is logged and retried after the next change: the index in memory is
+        complete, and watching can start. `stats["saved"]` says whether the folder holds it.
+        """
         started = time.perf_counter()
         with self._lock:
             loaded = self._load()
             changed = self._reconcile(walk(self.root, self.rules, self.max_file_bytes), report=True)
             if changed or not loaded:
+                self._dirty = True
                 self._save()
+        self._deliver_changes()
         stats = self.stats()
-        stats.update(seconds=time.perf_counter() - started, loaded=loaded, reindexed=changed)
+        stats.update(seconds=time.perf_counter() - started, loaded=loaded, reindexed=changed,
+                     saved=self._folder is not None and not self._dirty)
         return stats
 
     def start_watching(self) -> None:
+        """Watch the root; what changed since build() looked (while it was indexing) is found by a rescan
+        that the watcher runs first."""
         if self._watcher is not None:
             return
         self._watcher = DebouncedWatcher(self.root, self._on_paths, self._on_rescan, debounce_s=self._debounce_s,
-                                         on_idle=self.save, idle_s=self._save_after_s, polling=self._polling)
+                                         on_idle=self.save, idle_s=self._save_after_s, polling=self._polling,
+                                         skip_dir=self._skip_dir, on_start=self.rescan)
         self._watcher.start()
 
     @property
@@ -80,10 +97,17 @@ class WorkspaceIndex:
         return self._watcher is not None and self._watcher.polling
 
     def stop(self) -> None:
-        """Stop watching and save what changed."""
-        if self._watcher is not None:
-            self._watcher.stop()
-            self._watcher = None
+        """Stop watching and save what changed.
+
+        Safe to call while holding a lock that an `on_change` listener takes: a listener call under way is
+        not waited for (it is the last one), and no other starts.
+        """
+        with self._gate:
+            self._stopping = True
+            in_listener = self._in_listener
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop(join=not in_listener)
         self.save()
 
     def save(self) -> None:
@@ -95,7 +119,9 @@ class WorkspaceIndex:
         """Reconcile with a full scan of the disk (after lost events); returns files re-indexed or removed."""
         with self._lock:
             self.rules.invalidate()
-            return self._reconcile(walk(self.root, self.rules, self.max_file_bytes))
+            changed = self._reconcile(walk(self.root, self.rules, self.max_file_bytes))
+        self._deliver_changes()
+        return changed
 
     def stats(self) -> dict:
         ds = self.datastore.stats()
@@ -111,9 +137,13 @@ class WorkspaceIndex:
         prefix = None if under is None else under + os.sep
         known = [p for p in (*self._files, *self._skipped) if prefix is None or p.startswith(prefix) or p == under]
         gone = [p for p in known if p not in on_disk]
-        todo = [p for p, sig in on_disk.items() if self._files.get(p, self._skipped.get(p)) != sig]
+        todo = [p for p, sig in on_disk.items() if not self._unchanged(p, sig)]
         self._index(todo, gone, report)
         return len(todo) + len(gone)
+
+    def _unchanged(self, path: str, sig: Signature) -> bool:
+        old = self._files.get(path, self._skipped.get(path))
+        return unchanged(path, old, sig, self.max_file_bytes)
 
     def _index(self, paths: list[str], removed: Iterable[str], report: bool = False) -> None:
         removed = [p for p in removed if p in self._files or p in self._skipped]
@@ -131,18 +161,27 @@ class WorkspaceIndex:
             texts, names, sigs = [], [], []
             for path in batch:
                 sig = stat_file(path, self.max_file_bytes)
-                text = read_text(path, self.max_file_bytes) if sig else None
+                data = read_bytes(path, self.max_file_bytes) if sig else None
+                text = as_text(data, self.max_file_bytes)
                 if text is None:
                     if sig is not None:
-                        self._skipped[path] = sig        # binary or unreadable
+                        self._skipped[path] = settled(sig, data)     # binary or unreadable
                     if path in self._files:
                         gone.append(path)
                     continue
                 self._skipped.pop(path, None)
                 texts.append(text)
                 names.append(path)
-                sigs.append(sig)
+                sigs.append(settled(sig, data))
             for path, toks, sig in zip(names, self._tokenize(texts) if texts else [], sigs):
+                try:
+                    toks = as_tokens(path, toks)
+                except ValueError as err:        # one odd document must not stop the others
+                    log.warning("Not indexing %s: %s", path, err)
+                    self._skipped[path] = sig
+                    if path in self._files:
+                        gone.append(path)
+                    continue
                 pending.append((path, toks, Source.WORKSPACE))
                 pending_sigs[path] = sig
                 pending_tokens += len(toks)
@@ -164,43 +203,83 @@ class WorkspaceIndex:
         self._files.update(sigs)
         self._dirty = True
         if self._on_change:
-            try:
-                self._on_change([*(p for p, _, _ in puts), *gone])
-            except Exception:  # a listener's bug must not stop indexing
-                log.exception("on_change listener failed")
+            self._changed.extend([*(p for p, _, _ in puts), *gone])
+
+    def _deliver_changes(self) -> None:
+        """Tell the listener what changed; called without `_lock` held."""
+        with self._lock:
+            changed, self._changed = self._changed, []
+        if not changed or self._on_change is None:
+            return
+        with self._gate:
+            if self._stopping:
+                return
+            self._in_listener = True
+        try:
+            self._on_change(changed)
+        except Exception:  # a listener's bug must not stop indexing
+            log.exception("on_change listener failed")
+        finally:
+            with self._gate:
+                self._in_listener = False
 
     # --- watcher callbacks (watcher thread) -----------------------------------------------------
     def _on_paths(self, paths: set[str]) -> None:
         with self._lock:
-            todo: list[str] = []
-            gone: list[str] = []
-            for path in sorted(paths):
-                rel = relative(self.root, path)
-                if rel is None:
-                    if path in self._files or path in self._skipped:
-                        gone.append(path)         # replaced by a symlink, or a path we cannot trust
-                    continue
-                if is_ignore_file(rel):
-                    # What is ignored may have changed anywhere below: reconcile everything.
-                    self.rules.invalidate()
-                    self._reconcile(walk(self.root, self.rules, self.max_file_bytes))
+            self._apply_events(paths)
+        self._deliver_changes()
+
+    def _apply_events(self, paths: set[str]) -> None:
+        todo: list[str] = []
+        gone: list[str] = []
+        for path in sorted(paths):
+            rel = relative(self.root, path)
+            if rel is None:
+                # Outside the root, or a symlink on the way: what was indexed there (or below) is gone.
+                gone.extend(self._known_at_or_below(path))
+                continue
+            if is_ignore_file(rel):
+                if self._reload_ignore_file(rel):
                     return
-                if rel == "" or self.rules.ignored(rel, os.path.isdir(path)):
-                    if path in self._files or path in self._skipped:
-                        gone.append(path)
-                    continue
-                if os.path.isdir(path) and not os.path.islink(path):
-                    # A folder created or moved in: its files came without events of their own.
-                    self._reconcile(walk(self.root, self.rules, self.max_file_bytes, under=rel), under=path)
-                    continue
-                sig = stat_file(path, self.max_file_bytes)
-                if sig is None:
-                    gone.append(path)
-                    prefix = path + os.sep     # a folder deleted or moved away
-                    gone.extend(p for p in (*self._files, *self._skipped) if p.startswith(prefix))
-                elif self._files.get(path, self._skipped.get(path)) != sig:
-                    todo.append(path)
-            self._index(todo, gone)
+                continue
+            if rel == "" or self.rules.ignored(rel, os.path.isdir(path)):
+                gone.extend(self._known_at_or_below(path))
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                # A folder created or moved in: its files came without events of their own.
+                self._reconcile(walk(self.root, self.rules, self.max_file_bytes, under=rel), under=path)
+                continue
+            sig = stat_file(path, self.max_file_bytes)
+            if path not in self._files and path not in self._skipped:
+                # It may have been a folder (moved away and replaced by this file or link in one batch).
+                gone.extend(p for p in self._known_at_or_below(path) if p != path)
+            if sig is None:
+                gone.extend(self._known_at_or_below(path))
+            elif not self._unchanged(path, sig):
+                todo.append(path)
+        self._index(todo, gone)
+
+    def _reload_ignore_file(self, rel: str) -> bool:
+        """A .gitignore (or .git/info/exclude) changed: reconcile what it rules; True if that was everything."""
+        folder = "" if rel == ".git/info/exclude" else rel.rpartition("/")[0]
+        if folder and self.rules.ignored(folder, True):
+            return False                 # git reads no ignore file inside an ignored folder, nor do we
+        self.rules.invalidate()
+        if not folder:
+            self._reconcile(walk(self.root, self.rules, self.max_file_bytes))
+            return True
+        self._reconcile(walk(self.root, self.rules, self.max_file_bytes, under=folder),
+                        under=str(self.root / folder))
+        return False
+
+    def _known_at_or_below(self, path: str) -> list[str]:
+        prefix = path + os.sep
+        return [p for p in (*self._files, *self._skipped) if p == path or p.startswith(prefix)]
+
+    def _skip_dir(self, path: str) -> bool:
+        """For the polling watcher: a folder that is ignored, or not ours, is never listed."""
+        rel = relative(self.root, path)
+        return rel is None or (rel != "" and self.rules.ignored(rel, True))
 
     def _on_rescan(self) -> None:
         log.warning("File events were lost; rescanning %s.", self.root)
@@ -223,5 +302,14 @@ class WorkspaceIndex:
         if self._folder is None:
             return
         files = dict(self._files)
-        self._folder.save(self.datastore.segments(), files.__contains__, files, dict(self._skipped))
+        try:
+            self._folder.save(self.datastore.segments(), files.__contains__, files, dict(self._skipped))
+        except OSError as err:
+            # Stay dirty: the next change (or stop) tries again. Watching goes on either way.
+            if self.save_error is None:
+                log.warning("Could not save the index of %s to %s (%s); it is kept in memory.",
+                            self.root, self._folder.folder, err)
+            self.save_error = str(err)
+            return
+        self.save_error = None
         self._dirty = False

@@ -18,6 +18,7 @@ Segment object that shares every array except `live` (so a reader holding the ol
 
 from __future__ import annotations
 
+import math
 import uuid
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
@@ -195,8 +196,11 @@ class Segment:
             d += 1
 
     def _live_rows(self, lo: int, hi: int) -> np.ndarray:
-        rows = np.arange(lo, hi)
-        pos = (self.n - 1) - self.rsa[lo:hi].astype(np.int64)
+        return self.live_among(np.arange(lo, hi))
+
+    def live_among(self, rows: np.ndarray) -> np.ndarray:
+        """The rows (of the suffix array) among `rows` whose occurrence lies in a live document."""
+        pos = (self.n - 1) - self.rsa[rows].astype(np.int64)
         return rows[self.live[self.docs_of(pos)]]
 
     def _range_has_live(self, lo: int, hi: int) -> bool:
@@ -234,7 +238,7 @@ class Hit:
         return int(self.rows.shape[0]) if self.rows is not None else self.hi - self.lo
 
     def picks(self, limit: int) -> np.ndarray | range:
-        """Rows of at most `limit` occurrences, evenly spread (dead ones of a range not yet dropped)."""
+        """Rows of at most `limit` occurrences, evenly spread; only live ones, unless `needs_live_check`."""
         size = self.size
         if size > limit:
             picks = spread(size, limit)
@@ -244,6 +248,31 @@ class Hit:
     @property
     def needs_live_check(self) -> bool:
         return self.rows is None and not self.segment.all_live
+
+    def listed(self) -> "Hit":
+        """The same occurrences with their live rows listed (reads the whole range)."""
+        if not self.needs_live_check:
+            return self
+        return Hit(self.segment, self.depth, self.lo, self.hi, self.segment._live_rows(self.lo, self.hi))
+
+    def probe(self, count: int) -> np.ndarray:
+        """The live rows among `count` rows evenly spread over a range that holds tombstones."""
+        return self.segment.live_among(self.lo + spread(self.size, min(count, self.size)))
+
+    def live_picks(self, limit: int, probe: np.ndarray, probed: int) -> np.ndarray:
+        """Rows of `limit` live occurrences evenly spread over the live ones of a range with tombstones.
+
+        `probe` holds the live rows among `probed` evenly spread rows. Dead rows must not take the places of
+        live ones, so the spread gets denser until `limit` live rows are found or the whole range is read.
+        """
+        found, count, size = probe, probed, self.size
+        while found.shape[0] < limit and count < size:
+            wanted = math.ceil(count * limit / max(found.shape[0], 1) * 1.25)
+            count = min(size, max(2 * count, wanted))
+            found = self.probe(count)
+        if found.shape[0] > limit:
+            found = found[spread(found.shape[0], limit)]
+        return found
 
 
 def spread(size: int, limit: int) -> np.ndarray:

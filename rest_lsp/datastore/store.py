@@ -11,15 +11,21 @@ import enum
 import logging
 import math
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from .gather import PYTHON_ROWS, Found, gather, gather_small
-from .segment import MAX_TOKEN_ID, Hit, Segment, build_segment
+from .segment import MAX_TOKEN_ID, Hit, Segment, build_segment, new_segment_name
 
 log = logging.getLogger(__name__)
+
+# A failing background merge is retried after 1 s, then 2, 4, ... at most 5 minutes: never a spinning core.
+MERGE_RETRY_S = 1.0
+MERGE_RETRY_MAX_S = 300.0
+_clock = time.monotonic
 
 # Costly query results kept per view: ~60 KB each (1,024 occurrences), so ~4 MB at most.
 FOUND_CACHE = 64
@@ -56,11 +62,6 @@ class _View:
     found: dict = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass
-class _Merge:
-    inputs: list[Segment] = field(default_factory=list)
-
-
 class Datastore:
     """A token index of many documents that answers `continuations` and follows puts and removes."""
 
@@ -91,6 +92,8 @@ class Datastore:
         self._merges_running = 0
         self._closed = False
         self._merger: threading.Thread | None = None
+        self._failures = 0                             # background merges failed in a row
+        self._retry_at = 0.0                           # no background merge before this time (_clock)
 
     # --- writes ------------------------------------------------------------------------
     def put(self, doc_id: str, tokens: Sequence[int], source: Source = Source.WORKSPACE) -> None:
@@ -102,7 +105,7 @@ class Datastore:
 
     def apply(self, puts: Sequence[tuple[str, Sequence[int], Source]], removes: Iterable[str] = ()) -> None:
         """Puts and removes as one change: a query sees all of it or none of it."""
-        prepared = [(doc_id, _as_tokens(doc_id, toks), Source(src)) for doc_id, toks, src in puts]
+        prepared = [(doc_id, as_tokens(doc_id, toks), Source(src)) for doc_id, toks, src in puts]
         seen: dict[str, int] = {}
         for i, (doc_id, _, _) in enumerate(prepared):
             seen[doc_id] = i                      # the last put of an id in one batch wins
@@ -122,11 +125,31 @@ class Datastore:
             self._view = _View(tuple(s for s in segments if s.live_docs or s.name in self._merging))
             self._want_merge()
 
-    def install(self, segments: Sequence[Segment]) -> None:
-        """Add segments loaded from disk; a document already present here keeps its current version."""
+    def remove_oldest(self, prefix: str, keep: int) -> int:
+        """Remove the documents whose id starts with `prefix`, all but the `keep` put last; returns how many.
+
+        Bounds documents that keep coming (accepted completions) so the store does not grow for the whole run.
+        """
+        with self._lock:
+            ids = [d for d in self._docs if d.startswith(prefix)]      # in the order they were (last) put
+            old = ids[:max(0, len(ids) - keep)]
+            if old:
+                self.apply((), old)
+            return len(old)
+
+    def install(self, segments: Sequence[Segment]) -> list[Segment]:
+        """Add segments loaded from disk; a document already present here keeps its current version.
+
+        Returns the segments as installed: one whose name is taken already (the same file saved in two
+        roots' folders) gets a new name, because tombstones, merges and the document table go by name.
+        """
         with self._lock:
             added = []
+            names = {s.name for s in self._view.segments} | self._merging
             for seg in segments:
+                if seg.name in names:
+                    seg = replace(seg, name=new_segment_name())
+                names.add(seg.name)
                 dead = [i for i, d in enumerate(seg.doc_ids) if seg.live[i] and d in self._docs]
                 seg = seg.without(dead) if dead else seg
                 for i, doc_id in enumerate(seg.doc_ids):
@@ -136,6 +159,7 @@ class Datastore:
                     added.append(seg)
             self._view = _View(self._view.segments + tuple(added))
             self._want_merge()
+            return added
 
     # --- reads -------------------------------------------------------------------------
     def __contains__(self, doc_id: str) -> bool:
@@ -204,19 +228,60 @@ class Datastore:
         return self._gather(depth, hits, total)
 
     def _gather(self, depth: int, hits: list[Hit], total: int) -> Found:
-        picked = []
-        for h in hits:
-            limit = h.size if total <= self.max_matches else max(1, round(self.max_matches * h.size / total))
-            picked.append((h, h.picks(limit)))
+        picked = [(h, h.picks(h.size)) for h in hits] if total <= self.max_matches else self._sample(hits)
         if sum(len(rows) for _, rows in picked) <= PYTHON_ROWS:
             return gather_small(depth, picked, self.continuation_length, self._weight_list)
         return gather(depth, picked, self.continuation_length, self._weights)
 
+    def _sample(self, hits: list[Hit]) -> list[tuple[Hit, np.ndarray | range]]:
+        """At most ~`max_matches` live occurrences, each hit's share in proportion to its live occurrences.
+
+        Tombstones are skipped before sampling, not after: one live match among many dead ones is kept.
+        A hit's live count is exact for a range short enough to read, else estimated from an even probe.
+        """
+        cap = self.max_matches
+        probes: list[tuple[np.ndarray, int] | None] = []
+        estimates: list[float] = []
+        for i, h in enumerate(hits):
+            if h.needs_live_check and h.size <= cap:
+                hits[i] = h = h.listed()
+            if not h.needs_live_check:
+                probes.append(None)
+                estimates.append(h.size)
+                continue
+            probe = h.probe(cap)
+            if probe.shape[0] == 0:            # the range has live rows (see Segment.match), but too few to probe
+                hits[i] = h = h.listed()
+                probes.append(None)
+                estimates.append(h.size)
+                continue
+            probes.append((probe, cap))
+            estimates.append(h.size * probe.shape[0] / cap)
+        live_total = sum(estimates)
+        picked = []
+        for h, probe, estimate in zip(hits, probes, estimates):
+            if live_total <= cap:
+                h = h.listed()
+                picked.append((h, h.picks(h.size)))
+                continue
+            limit = max(1, round(cap * estimate / live_total))
+            if probe is None:
+                picked.append((h, h.picks(limit)))
+            else:
+                rows = h.live_picks(limit, *probe)
+                picked.append((replace(h, rows=rows), rows))        # listed rows: no second live check
+        return picked
+
     # --- merges ------------------------------------------------------------------------
     def merge_all(self) -> None:
-        """Merge every segment into one now (drops dead documents); queries keep running meanwhile."""
+        """Merge every segment into one now (drops dead documents); queries keep running meanwhile.
+
+        After `close()` it does nothing.
+        """
         self.wait_for_merges()
         with self._lock:
+            if self._closed:
+                return
             inputs = [s for s in self._view.segments if s.name not in self._merging]
             if len(inputs) < 2 and all(s.all_live for s in inputs):
                 return
@@ -225,10 +290,14 @@ class Datastore:
         self._run_merge(inputs)
 
     def wait_for_merges(self, timeout: float | None = None) -> bool:
-        """Block until no merge is running or wanted; True if so within `timeout`."""
+        """Block until no merge is running or due; True if so within `timeout`.
+
+        After `close()`, or while failed merges back off, no merge is due.
+        """
         with self._lock:
             return self._merge_wanted.wait_for(
-                lambda: self._merges_running == 0 and (not self._background or not self._pick_merge()), timeout)
+                lambda: self._merges_running == 0 and (not self._background or self._closed or self._backing_off()
+                                                       or not self._pick_merge()), timeout)
 
     def close(self) -> None:
         with self._lock:
@@ -262,30 +331,53 @@ class Datastore:
         self._merge_wanted.notify_all()
 
     def _merge_loop(self) -> None:
-        while True:
+        while (inputs := self._next_merge()) is not None:
+            self._merge_or_back_off(inputs)     # empties `inputs`: nothing of them is kept while waiting
+
+    def _next_merge(self) -> list[Segment] | None:
+        """Wait for a merge to be due and take its inputs; None once closed."""
+        with self._lock:
+            while not self._closed:
+                wait = self._retry_at - _clock()
+                if wait > 0:
+                    self._merge_wanted.wait(wait)      # backing off after a failure
+                elif self._pick_merge():
+                    break
+                else:
+                    self._merge_wanted.wait()
+            if self._closed:
+                return None
+            inputs = self._pick_merge()
+            self._merging.update(s.name for s in inputs)
+            self._merges_running += 1
+            return inputs
+
+    def _merge_or_back_off(self, inputs: list[Segment]) -> None:
+        try:
+            self._run_merge(inputs)
+            self._failures = 0
+        except Exception:       # a failed merge loses nothing: its inputs stay in the view
+            self._failures += 1
+            delay = min(MERGE_RETRY_S * 2 ** (self._failures - 1), MERGE_RETRY_MAX_S)
+            log.exception("Segment merge failed (%d in a row); next try in %.0f s.", self._failures, delay)
             with self._lock:
-                self._merge_wanted.wait_for(lambda: self._closed or bool(self._pick_merge()))
-                if self._closed:
-                    return
-                inputs = self._pick_merge()
-                self._merging.update(s.name for s in inputs)
-                self._merges_running += 1
-            try:
-                self._run_merge(inputs)
-            except Exception:       # a failed merge loses nothing: its inputs stay in the view
-                log.exception("segment merge failed")
+                self._retry_at = _clock() + delay
+                self._merge_wanted.notify_all()
+
+    def _backing_off(self) -> bool:
+        return self._retry_at > _clock()
 
     def _run_merge(self, inputs: list[Segment]) -> None:
+        """Merge `inputs` into one segment and swap it in. Empties `inputs` before the merge counts as done,
+        so no reference to them (their arrays, memory maps of deleted files) outlives it."""
+        names = {s.name for s in inputs}
         try:
-            docs = [(seg.doc_ids[i], seg.doc_tokens(i), int(seg.sources[i]))
-                    for seg in inputs for i in range(seg.doc_count) if seg.live[i]]
-            merged = build_segment(docs) if docs else None
+            merged = _merged(inputs)
             with self._lock:
-                names = {s.name for s in inputs}
                 segments = [s for s in self._view.segments if s.name not in names]
                 if merged is not None:
                     # Documents replaced or removed while the merge ran stay dead in the result.
-                    sources = {(s.name, i): None for s in inputs for i in range(s.doc_count)}
+                    sources = {(s.name, i) for s in inputs for i in range(s.doc_count)}
                     dead = []
                     for i, doc_id in enumerate(merged.doc_ids):
                         where = self._docs.get(doc_id)
@@ -299,26 +391,42 @@ class Datastore:
                         segments.append(merged)
                 self._view = _View(tuple(segments))
         finally:
+            inputs.clear()
             with self._lock:
-                self._merging.difference_update(s.name for s in inputs)
+                self._merging.difference_update(names)
                 self._merges_running -= 1
                 self._merge_wanted.notify_all()
 
 
+def _merged(inputs: list[Segment]) -> Segment | None:
+    docs = [(seg.doc_ids[i], seg.doc_tokens(i), int(seg.sources[i]))
+            for seg in inputs for i in range(seg.doc_count) if seg.live[i]]
+    return build_segment(docs) if docs else None
+
+
 def _reversed_ids(context: Sequence[int]) -> list[int] | None:
-    """The context's token ids last first, or None if it is empty or holds anything but token ids."""
+    """The context's token ids last first, up to the first that is no token id (negative, or 2**32 - 1 and
+    above: no document holds one, so nothing before it can match); None if nothing is left or the context
+    holds anything but integers."""
     if type(context) is list or type(context) is tuple:
         # The editor's usual list of ints, checked without numpy's ~10 us of conversions.
         rlist = list(context[::-1])
         if rlist and all(type(t) is int for t in rlist):
-            return rlist if min(rlist) >= 0 and max(rlist) <= MAX_TOKEN_ID else None
+            if min(rlist) < 0 or max(rlist) > MAX_TOKEN_ID:
+                rlist = rlist[:next(i for i, t in enumerate(rlist) if t < 0 or t > MAX_TOKEN_ID)]
+            return rlist or None
     arr = np.asarray(context)
-    if arr.ndim != 1 or not arr.size or arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > MAX_TOKEN_ID:
+    if arr.ndim != 1 or not arr.size or arr.dtype.kind not in "iu":
         return None
-    return arr[::-1].tolist()
+    rev = arr[::-1]
+    bad = np.flatnonzero((rev < 0) | (rev > MAX_TOKEN_ID))
+    if bad.size:
+        rev = rev[:bad[0]]
+    return rev.tolist() or None
 
 
-def _as_tokens(doc_id: str, tokens: Sequence[int]) -> np.ndarray:
+def as_tokens(doc_id: str, tokens: Sequence[int]) -> np.ndarray:
+    """The document's tokens as uint32, or ValueError in one sentence if they are not all token ids."""
     arr = np.asarray(tokens)
     if arr.ndim != 1 or (arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > MAX_TOKEN_ID)):
         raise ValueError(f"Document {doc_id!r} must be a flat sequence of token ids between 0 and {MAX_TOKEN_ID}.")
