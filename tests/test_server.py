@@ -14,6 +14,7 @@ from pytest_lsp import make_test_lsp_client
 
 from conftest_server import (  # noqa: F401  (tiny_models is a fixture)
     capabilities, command, cursor_at_end, greedy, inline, open_doc, server_command, start, tiny_models, wait_until)
+from step_gate import FileGate
 from rest_lsp.server import ACCEPT_COMMAND, DRAFTS_COMMAND, STATS_COMMAND
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -113,30 +114,46 @@ async def test_did_change_edits_applied_in_order(session):
     assert await wait_until(seen, timeout=10)
 
 
+async def _answer(request, what: str, timeout: float = 300):
+    """A request's reply; fails with `what` when none comes in a generous time."""
+    try:
+        return await asyncio.wait_for(request, timeout)
+    except asyncio.TimeoutError:
+        pytest.fail(f"no reply in {timeout:.0f} s for {what}")
+
+
 async def test_bad_input_never_kills_the_server(session):
-    client, _, root, _ = session
+    client, _, root, model_dir = session
     # a document never opened
     result = await inline(client, (root / "nowhere.py").as_uri(), 0, 0)
     assert not result.items
     # positions past the end of a line and of the file: clamped to the end
     uri = (root / "short.py").as_uri()
     open_doc(client, uri, "x = compute(")
+    expected = greedy(model_dir, "x = compute(", "", MAX_NEW)
+    assert expected.strip(), "the reference completion is empty: pick another text"
     for line, character in [(0, 500), (40, 3)]:
         result = await inline(client, uri, line, character)
-        for item in result.items:
-            assert item.insert_text.strip() and item.range.start == types.Position(0, 12)
-    # binary content
+        assert [i.insert_text for i in result.items] == [expected], (line, character)
+        assert result.items[0].range.start == types.Position(0, 12)
+    # binary content: served like any other text
     uri = (root / "blob.bin").as_uri()
-    open_doc(client, uri, "\x00\x01\x02\ufffd\x7f" * 2000 + "\nvalue = ")
-    await inline(client, uri, 1, 8)
-    # a 5 MB document: the prompt window is bounded, the reply comes
+    blob = "\x00\x01\x02\ufffd\x7f" * 2000 + "\nvalue = "
+    open_doc(client, uri, blob)
+    expected = greedy(model_dir, blob, "", MAX_NEW)
+    assert expected.strip(), "the reference completion is empty: pick another text"
+    result = await _answer(inline(client, uri, 1, 8), "the binary document")
+    assert [i.insert_text for i in result.items] == [expected]
+    assert result.items[0].range.start == types.Position(1, 8)
+    # a 5 MB document: the prompt window is bounded, the reply comes and is the completion of that window
     uri = (root / "huge.py").as_uri()
     big = "".join(f"row_{i} = {i} * 3\n" for i in range(330_000))
     assert len(big) > 5_000_000
     open_doc(client, uri, big + "row_x = ")
-    t0 = time.monotonic()
-    await inline(client, uri, big.count("\n"), 8)
-    assert time.monotonic() - t0 < 30
+    expected = greedy(model_dir, big + "row_x = ", "", MAX_NEW)
+    assert expected.strip(), "the reference completion is empty: pick another text"
+    result = await _answer(inline(client, uri, big.count("\n"), 8), "the 5 MB document")
+    assert [i.insert_text for i in result.items] == [expected]
     # invalid settings: one message, defaults kept, still serving
     client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
         settings={"maxNewTokens": -3, "debounceMs": "soon", "noSuchSetting": 1}))
@@ -165,40 +182,49 @@ async def _message(client, needle: str):
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def constant_session(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("workspace-constant")
+    gate = FileGate(tmp_path_factory.mktemp("gate"))  # holds the server's first decoding step (step_gate.py)
     options = {"model": str(tiny_models["constant"]), "maxNewTokens": 2000, "draftBudget": 0, "debounceMs": 0,
                "indexWorkspace": False}
-    client, _ = await start(server_command(), root, "visual-studio-code", options)
+    client, _ = await start(gate.command("--stdio"), root, "visual-studio-code", options, env=gate.env)
     assert await wait_until(lambda: _ready(client))
-    yield client, root
+    yield client, root, gate
+    gate.release.set()
     await client.shutdown_session()
 
 
 async def test_cancel_request_stops_the_decoder(constant_session):
-    client, root = constant_session
+    client, root, gate = constant_session
     uri = (root / "c.py").as_uri()
     open_doc(client, uri, "x = \ny = \n")
-    # this one writes "x" until max_new_tokens (2000): many seconds unless stopped.
+    # this one writes "x" until max_new_tokens (2000) unless something stops it.
     # pytest-lsp's send_request_async is a coroutine: only a task sends the request now, before the cancel.
     slow = asyncio.ensure_future(client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionParams(
         text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(0, 4),
         context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)), msg_id="slow-1"))
-    await asyncio.sleep(0.5)
+    assert await wait_until(_async(gate.started.is_set), timeout=120), "the request never started decoding"
+    # the decoder is held inside its first step while the cancel arrives
     client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="slow-1"))
-    t0 = time.monotonic()
     with pytest.raises(JsonRpcRequestCancelled) as err:
-        await slow
+        await asyncio.wait_for(slow, 120)
     assert err.value.code == -32800
+    gate.release.set()
     # No other request is in flight, so only the cancel can have stopped the decoder (not latest-wins).
-    stats = await wait_until(lambda: _cancelled(client), timeout=10)
-    assert stats["cancelled"] == 1 and stats["completions_decoded"] == 0
-    assert time.monotonic() - t0 < 10  # 2000 tokens take far longer
+    stats = await wait_until(lambda: _cancelled(client), timeout=120)
+    assert stats and stats["cancelled"] == 1 and stats["completions_decoded"] == 0, stats
+    assert gate.results() == [{"steps": 1, "tokens": 1, "finish": "stopped"}]  # after the step it was in
+    # the worker is free again: the next request decodes in full
     client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"maxNewTokens": 4}))
     other = (root / "d.py").as_uri()
     open_doc(client, other, "y = \n")
-    t0 = time.monotonic()
     result = await inline(client, other, 0, 4)
     assert [i.insert_text for i in result.items] == ["xxxx"]
-    assert time.monotonic() - t0 < 10  # the worker was free
+    assert gate.results()[1:] == [{"steps": 4, "tokens": 4, "finish": "length"}]
+
+
+def _async(check):
+    async def run():
+        return check()
+    return run
 
 
 async def _cancelled(client):

@@ -26,10 +26,10 @@ local indexed = H.wait(60000, function()
   return type(s) == "table" and s.documents and s.documents >= 2 and s or nil
 end, 500)
 H.check(indexed ~= nil, "the server indexed the workspace (%s documents)", indexed and indexed.documents)
--- The manifest is written after the index is built; give the save a moment.
-H.wait(10000, function()
+-- The manifest is written after the index is built: wait for the save.
+H.must(child, 60000, "the index saved to " .. cache, function()
   return #vim.fn.glob(cache .. "/index/*/manifest.json", false, true) > 0
-end, 200)
+end)
 
 local function checkhealth()
   return H.lua(child, [[

@@ -110,6 +110,16 @@ function H.wait(timeout_ms, fn, interval)
   return value
 end
 
+--- Waits until `fn()` is truthy and returns its value; after `timeout_ms` the test stops as a failure saying
+--- what did not happen. For waits that must succeed: a wait whose result is ignored proves nothing.
+function H.must(child, timeout_ms, what, fn)
+  local value = H.wait(timeout_ms, fn)
+  if not value then
+    H.abort(child, "timed out after %d ms waiting for: %s", timeout_ms, what)
+  end
+  return value
+end
+
 -- Installed in the child: records every inline completion reply and every executeCommand (with the
 -- server's answer) that the rest-lsp client exchanges, without changing them.
 H.RECORDER = [[

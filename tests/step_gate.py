@@ -1,0 +1,126 @@
+"""A handle on the decoder for the cancellation tests: know that decoding has started, hold it there, and read
+what each `Decoder.generate` call did (steps, tokens, why it finished).
+
+The first decoding step of the process signals `started`, then waits for `release` before it runs; every
+`generate` call then records its result. A cancellation test sets `release` only after the cancel went out, so
+"decoding stopped because of the cancel" reads as: the first call finished "stopped" after one step.
+
+- In the test process: `StepGate.in_process(monkeypatch)`, with threading events.
+- In a server subprocess: run this file as the server (`python tests/step_gate.py --stdio`) with
+  REST_LSP_TEST_GATE=<folder>; `started` and `release` are files there, results go to `results.jsonl`
+  (read them with `FileGate`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import threading
+import time
+from pathlib import Path
+
+# A held step never waits longer than this for its release: a test that fails before releasing cannot leave
+# a server hanging forever.
+HOLD_LIMIT_S = 300.0
+ENV = "REST_LSP_TEST_GATE"
+
+
+class StepGate:
+    def __init__(self, started, release, record):
+        self.started, self.release, self._record = started, release, record
+        self._lock = threading.Lock()
+        self._held = False
+
+    @classmethod
+    def in_process(cls, monkeypatch) -> "StepGate":
+        results: list = []  # the DecodeResult of each generate call, in order
+        gate = cls(threading.Event(), threading.Event(), results.append)
+        gate.results = results
+        gate.install(monkeypatch.setattr)
+        return gate
+
+    def install(self, setattr_=setattr) -> None:
+        from rest_lsp.decoding import Decoder
+
+        verify, generate = Decoder.verify, Decoder.generate
+        gate = self
+
+        def gated_verify(decoder, tree):
+            with gate._lock:
+                first, gate._held = not gate._held, True
+            if first:
+                gate.started.set()
+                gate.release.wait(HOLD_LIMIT_S)
+            return verify(decoder, tree)
+
+        def recorded_generate(decoder, *args, **kwargs):
+            result = generate(decoder, *args, **kwargs)
+            gate._record(result)
+            return result
+
+        setattr_(Decoder, "verify", gated_verify)
+        setattr_(Decoder, "generate", recorded_generate)
+
+
+class FileEvent:
+    """threading.Event's set/is_set/wait over a file, across processes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def set(self) -> None:
+        self.path.touch()
+
+    def is_set(self) -> bool:
+        return self.path.exists()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.is_set():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+
+class FileGate:
+    """The test's side of a gate in a server subprocess."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.started = FileEvent(folder / "started")
+        self.release = FileEvent(folder / "release")
+        self.results_file = folder / "results.jsonl"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, ENV: str(self.folder)}
+
+    @staticmethod
+    def command(*args: str) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve()), *args]
+
+    def results(self) -> list[dict]:
+        if not self.results_file.exists():
+            return []
+        return [json.loads(line) for line in self.results_file.read_text().splitlines()]
+
+
+def _serve() -> None:
+    gate = FileGate(Path(os.environ[ENV]))
+    write_lock = threading.Lock()
+
+    def record(result) -> None:
+        line = json.dumps({"steps": result.steps, "tokens": len(result.tokens), "finish": result.finish})
+        with write_lock, gate.results_file.open("a") as f:
+            f.write(line + "\n")
+
+    StepGate(gate.started, gate.release, record).install()
+    sys.argv = ["rest_lsp.server", *sys.argv[1:]]
+    runpy.run_module("rest_lsp.server", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _serve()
