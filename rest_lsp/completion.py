@@ -6,23 +6,32 @@ runs the decoder, so whoever calls in (the server's event loop) is never blocked
 
 Latency rules:
   - latest request wins: a new request for a document cancels the previous one, which
-    stops decoding between steps (through the decoder's `should_stop`);
+    stops decoding between steps (through the decoder's `should_stop`); a request for the
+    identical text and cursor shares the running one instead;
   - type-through: when the user typed the start of the last suggestion, the rest of it
     is the answer, without decoding;
-  - a short debounce before decoding lets a burst of keystrokes collapse into one request.
+  - a short debounce before decoding lets a burst of keystrokes collapse into one request;
+  - background tokenizing (indexing, open buffers) uses its own copy of the tokenizer, so
+    prompt building never waits for it.
+
+Threads: the service never holds its lock across a join or a call that waits for another
+component's thread (a watcher calls back into the service under its own locks): what to
+stop is collected under the lock and stopped after releasing it.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import logging
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from rest_lsp.postprocess import StopContext, stop_context, trim
 from rest_lsp.prompt import Fim, build_prompt, detect_fim
@@ -33,6 +42,9 @@ log = logging.getLogger(__name__)
 BUFFER_DEBOUNCE_S = 0.25  # open buffers are re-tokenized at most this often
 TYPE_THROUGH_ENTRIES = 8
 ACCEPT_CONTEXT_CHARS = 256  # text before an accepted completion stored with it, so drafts match where it goes
+ACCEPTED_DOCUMENTS = 256  # accepted completions kept in the datastore; older ones are removed
+MIN_PROMPT_TOKENS = 16  # maxNewTokens and draftBudget must leave at least this much of the context to the prompt
+DECODE_OVERLAP = 4  # ids decoded again before the new ones, for tokenizers whose text depends on the neighbours
 
 
 @dataclass(frozen=True)
@@ -68,17 +80,50 @@ class NoEvents:
         pass
 
 
-@dataclass
 class _Job:
-    doc_id: str
-    before: str
-    after: str
-    submitted: float
-    future: Future = field(default_factory=Future)
-    cancel_event: threading.Event = field(default_factory=threading.Event)
+    """One computation, shared by every request for the same text and cursor (each holds its own future)."""
+
+    def __init__(self, doc_id: str, before: str, after: str):
+        self.doc_id, self.before, self.after = doc_id, before, after
+        self.submitted = time.perf_counter()
+        self.cancel_event = threading.Event()
+        self._guard = threading.Lock()
+        self._waiters: list[Future] = []
+        self._abandoned: set[int] = set()
+        self._done, self._result = False, None
+
+    def attach(self) -> Future:
+        future: Future = Future()
+        with self._guard:
+            if not self._done:
+                self._waiters.append(future)
+                return future
+        _resolve(future, self._result)
+        return future
+
+    def abandon(self, future: Future) -> None:
+        """One requester gave up; the work stops once all of them have."""
+        with self._guard:
+            self._abandoned.add(id(future))
+            everyone = all(id(f) in self._abandoned or f.cancelled() for f in self._waiters)
+        if everyone:
+            self.cancel_event.set()
 
     def cancelled(self) -> bool:
-        return self.cancel_event.is_set() or self.future.cancelled()
+        if self.cancel_event.is_set():
+            return True
+        with self._guard:  # a future cancelled by its caller (asyncio cancels the wrapped future) counts as gone
+            return bool(self._waiters) and all(f.cancelled() for f in self._waiters)
+
+    def resolve(self, value) -> None:
+        with self._guard:
+            self._done, self._result = True, value
+            waiters = list(self._waiters)
+        for future in waiters:
+            _resolve(future, value)
+
+    def is_for(self, doc_id: str, before: str, after: str) -> bool:
+        return not self._done and self.doc_id == doc_id and self.before == before and self.after == after
 
 
 class Ticket:
@@ -86,11 +131,11 @@ class Ticket:
 
     def __init__(self, job: _Job):
         self._job = job
-        self.future: Future = job.future
+        self.future: Future = job.attach()
 
     def cancel(self) -> None:
-        """Stop the work now (between decoding steps); the future resolves to None."""
-        self._job.cancel_event.set()
+        """Give up this request; the work stops (between decoding steps) unless another request shares it."""
+        self._job.abandon(self.future)
 
 
 def _resolve(future: Future, value) -> None:
@@ -100,15 +145,62 @@ def _resolve(future: Future, value) -> None:
         pass
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Shown:
-    """A suggestion as it was shown, for type-through and acceptance."""
+    """A suggestion as it was shown, for type-through and acceptance.
+
+    It keeps the length, a hash and a short tail of the text around the cursor, never whole documents: eight
+    entries of a 1 MB file would hold 16 MB.
+    """
 
     id: int
     doc_id: str
-    before: str
-    after: str
+    before_len: int
+    before_hash: int
+    before_tail: str  # the last ACCEPT_CONTEXT_CHARS characters before the cursor
+    after_len: int
+    after_hash: int
     text: str
+
+    @classmethod
+    def of(cls, id: int, job: _Job, text: str) -> "_Shown":
+        return cls(id, job.doc_id, len(job.before), hash(job.before), job.before[-ACCEPT_CONTEXT_CHARS:],
+                   len(job.after), hash(job.after), text)
+
+    def typed_over(self, job: _Job) -> str | None:
+        """What the user typed since this was shown, when the job's text is this one's with it typed at the
+        cursor; else None."""
+        if job.doc_id != self.doc_id or len(job.after) != self.after_len or len(job.before) < self.before_len:
+            return None
+        shown_before = job.before[: self.before_len]
+        if not shown_before.endswith(self.before_tail) or hash(shown_before) != self.before_hash:
+            return None
+        if hash(job.after) != self.after_hash:
+            return None
+        return job.before[self.before_len:]
+
+
+class _IncrementalText:
+    """The text of a growing list of new token ids, decoding only the ids added since the last call (plus
+    DECODE_OVERLAP before them: SentencePiece drops the leading space of the first id it decodes)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self._decode = decode
+        self._final = 0  # ids whose text is final (no partial character at their end)
+        self._final_text = ""
+
+    def text(self, ids: list[int]) -> str:
+        start = max(0, self._final - DECODE_OVERLAP)
+        head = self._decode(ids[start : self._final]) if start < self._final else ""
+        tail = self._decode(ids[start:])
+        text = self._final_text + tail[len(head):] if tail.startswith(head) else self._decode(ids)
+        if not text.endswith("\ufffd"):
+            self._final, self._final_text = len(ids), text
+        return text
+
+
+class _Stale(Exception):
+    """Indexing for a datastore or settings that were replaced meanwhile: give it up."""
 
 
 class CompletionService:
@@ -118,17 +210,22 @@ class CompletionService:
         self.load_error: str | None = None
         self._lock = threading.RLock()
         self._tok_lock = threading.Lock()  # HF fast tokenizers are not safe to call from several threads
+        self._bg_tok_lock = threading.Lock()  # the background copy of the tokenizer: indexing and buffers
         self._loaded = None
         self._decoder = None
+        self._bg_tokenizer = None
         self._fim: Fim | None = None
         self._stop_ids: frozenset[int] = frozenset()
         self._datastore = None
         self._indexes: dict[str, object] = {}
         self._roots: list[Path] = []
         self._ready = threading.Event()
-        self._indexed = threading.Event()  # the workspace roots of the current model are indexed
-        self._load_generation = 0
+        self._indexed = threading.Event()  # the workspace roots of the current datastore and settings are indexed
+        self._load_generation = 0  # bumped by each model load: an older load's result is dropped
+        self._index_generation = 0  # bumped whenever the indexes are thrown away: older indexing stops
+        self._started = False
         self._closed = False
+        self._threads: list[threading.Thread] = []  # loaders and indexers, joined by close()
         # requests
         self._cond = threading.Condition(self._lock)
         self._queue: deque[_Job] = deque()
@@ -136,6 +233,7 @@ class CompletionService:
         self._ids = itertools.count(1)
         self._shown: deque[_Shown] = deque(maxlen=TYPE_THROUGH_ENTRIES)
         self._accepted = itertools.count(1)
+        self._accepted_docs: deque[str] = deque()
         # open buffers waiting to be (re)tokenized into the datastore
         self._buffers: dict[str, str] = {}  # open buffers: doc id -> text
         self._pending: dict[str, str | None] = {}  # to put into the datastore (None: closed, back to disk)
@@ -160,7 +258,7 @@ class CompletionService:
         return self._ready.is_set()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """True once the model is loaded; False on timeout or when loading failed."""
+        """True once a model is loaded; False on timeout or when loading failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ready.wait(0.05):
             if self.load_error is not None:
@@ -173,70 +271,127 @@ class CompletionService:
         """Load the model in the background, then index the workspace roots."""
         with self._lock:
             self._roots = [Path(r) for r in roots or []]
+            self._started = True
         self._start_loading()
+
+    def _report(self, level: str, text: str) -> None:
+        """Tell the owner; a failing listener is logged, never fatal to the thread that reports."""
+        try:
+            self.events.message(level, text)
+        except Exception:
+            log.exception("reporting %r failed", text)
+
+    def _spawn(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        with self._lock:
+            if self._closed:
+                return
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            thread.start()
 
     def _start_loading(self) -> None:
         with self._lock:
             self._load_generation += 1
             generation = self._load_generation
-            self._ready.clear()
-            self._indexed.clear()
+            if self._loaded is None:  # a model already loaded keeps serving until the new one is ready
+                self._ready.clear()
             self.load_error = None
-        threading.Thread(target=self._load, args=(generation,), name="rest-lsp-loader", daemon=True).start()
+        self._spawn(lambda: self._load(generation), "rest-lsp-loader")
 
     def _load(self, generation: int) -> None:
         from rest_lsp.decoding import Decoder
-        from rest_lsp.model import load_model
+        from rest_lsp.model import Tokenizer, load_model
 
         s = self.settings
         try:
             loaded = load_model(s.model, s.device, s.dtype)
             decoder = Decoder(loaded)
+            background = Tokenizer(copy.deepcopy(loaded.tokenizer.hf))
         except Exception as err:  # ModelLoadError and anything else: the server stays up
-            with self._lock:
-                if generation != self._load_generation:
-                    return
-                self.load_error = str(err) or type(err).__name__
-            self.events.message("error", f"rest-lsp could not load the model: {self.load_error}")
+            self._load_failed(generation, str(err) or type(err).__name__)
             return
         hf = loaded.tokenizer.hf
         with self._lock:
             if generation != self._load_generation or self._closed:
                 return
             old_key = self._loaded.tokenizer.key if self._loaded is not None else None
-            self._loaded, self._decoder = loaded, decoder
+            self._loaded, self._decoder, self._bg_tokenizer = loaded, decoder, background
             self._fim = detect_fim(hf)
             special = {i for i, t in getattr(hf, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
             fim_markers = {self._fim.prefix_id, self._fim.suffix_id, self._fim.middle_id} if self._fim else set()
             self._stop_ids = frozenset(
                 (special - fim_markers) | loaded.eos_token_ids | (self._fim.stop_ids if self._fim else set())
             )
-            replaced = None
+            self.settings, refused = self._fit_context(self.settings, _clamped(self.settings, decoder.max_context))
+            replaced, retired = None, []
             if self._datastore is None or old_key != loaded.tokenizer.key:
-                replaced = self._reset_datastore()
+                replaced, retired = self._reset_datastore()
+            self.load_error = None
             self._ready.set()
+        # not under the lock: stopping joins watcher threads that call back into the service
+        self._retire(retired, None)
         if replaced is not None:
-            replaced.close()  # joins its merge thread: not under the lock, requests go on meanwhile
+            replaced.close()  # joins its merge thread
         self._buffers_dirty.set()  # buffers opened while loading
-        self.events.message("info", f"rest-lsp: model {loaded.name} ready on {loaded.device}.")
-        self._index_roots(generation)
+        for text in refused:
+            self._report("error", text)
+        self._report("info", f"rest-lsp: model {loaded.name} ready on {loaded.device}.")
+        self._index_roots()
+
+    def _load_failed(self, generation: int, error: str) -> None:
+        with self._lock:
+            if generation != self._load_generation or self._closed:
+                return
+            self.load_error = error
+            serving = self._loaded.name if self._loaded is not None else None
+        kept = f"; still using {serving}." if serving else ""
+        self._report("error", f"rest-lsp could not load the model: {error}{kept}")
 
     def _reset_datastore(self):
-        """A new, empty datastore for a new tokenizer; returns the old one (or None) for the caller to close."""
+        """A new, empty datastore for a new tokenizer (under the lock); returns (the old one or None, the indexes
+        to stop) for the caller to close and stop after releasing the lock."""
         from rest_lsp.datastore import Datastore
 
-        for index in self._indexes.values():
-            index.stop()
-        self._indexes = {}
+        self._index_generation += 1
+        retired, self._indexes = list(self._indexes.values()), {}
+        self._indexed.clear()
         old, self._datastore = self._datastore, Datastore()
+        self._accepted_docs.clear()
         # open buffers go back in with the new tokenizer
         self._pending.update(self._buffers)
         self._buffers_dirty.set()
-        return old
+        return old, retired
+
+    def _retire(self, indexes: list, datastore) -> None:
+        """Stop indexes (never under the lock); with a datastore, also take their files out of it."""
+        for index in indexes:
+            try:
+                index.stop()
+            except Exception:
+                log.exception("stopping the index of %s failed", getattr(index, "root", "?"))
+            if datastore is not None:
+                with self._lock:
+                    buffers = set(self._buffers)
+                gone = [d for d in datastore.doc_ids() if index.owns(d) and d not in buffers]
+                if gone:
+                    datastore.apply([], gone)
+
+    def _fit_context(self, new: Settings, fallback: Settings) -> tuple[Settings, list[str]]:
+        """`new`, or `new` with fallback's maxNewTokens and draftBudget when its own leave no room for a prompt in
+        the loaded model's context (under the lock)."""
+        if self._decoder is None or _fits(new, self._decoder.max_context):
+            return new, []
+        context = self._decoder.max_context
+        kept = fallback if _fits(fallback, context) else _clamped(fallback, context)
+        text = (f"rest-lsp: maxNewTokens {new.max_new_tokens} with draftBudget {new.draft_budget} leaves no room for a "
+                f"prompt in the model's context of {context} tokens; using maxNewTokens {kept.max_new_tokens} and "
+                f"draftBudget {kept.draft_budget}.")
+        return dataclasses.replace(new, max_new_tokens=kept.max_new_tokens, draft_budget=kept.draft_budget), [text]
 
     def _tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        with self._tok_lock:
-            return self._loaded.tokenizer.encode_batch(texts)
+        """Background tokenizing (indexing, open buffers): its own tokenizer, never the one prompts need."""
+        with self._bg_tok_lock:
+            return self._bg_tokenizer.encode_batch(texts)
 
     def _encode(self, text: str) -> list[int]:
         with self._tok_lock:
@@ -245,45 +400,60 @@ class CompletionService:
     def wait_indexed(self, timeout: float | None = None) -> bool:
         return self._indexed.wait(timeout)
 
-    def _index_roots(self, generation: int) -> None:
+    def _index_roots(self) -> None:
+        with self._lock:
+            generation = self._index_generation
         try:
             self._index_each_root(generation)
         finally:
-            if generation == self._load_generation:
-                self._indexed.set()
+            with self._lock:
+                if generation == self._index_generation:
+                    self._indexed.set()
+
+    def _stale(self, generation: int) -> bool:
+        return self._closed or generation != self._index_generation
 
     def _index_each_root(self, generation: int) -> None:
-        if not self.settings.index_workspace:
-            return
         from rest_lsp.datastore import WorkspaceIndex
 
         for root in list(self._roots):
             with self._lock:
-                if generation != self._load_generation or self._closed or str(root) in self._indexes:
+                s = self.settings
+                if not s.index_workspace or self._stale(generation) or str(root) in self._indexes:
                     continue
                 loaded, datastore = self._loaded, self._datastore
             key = str(root)
+
+            def tokenize(texts: list[str]) -> list[list[int]]:
+                if self._stale(generation):  # closed, or the indexes were replaced: stop indexing
+                    raise _Stale()
+                return self._tokenize_batch(texts)
+
             self.events.index_begin(key)
             stats: dict = {}
+            index = None
             try:
-                cache_dir = Path(self.settings.cache_dir) if self.settings.cache_dir else None
+                cache_dir = Path(s.cache_dir) if s.cache_dir else None
                 index = WorkspaceIndex(
-                    root, datastore, self._tokenize_batch, loaded.tokenizer.key,
-                    cache_dir=cache_dir, max_file_bytes=self.settings.max_file_bytes,
-                    extra_ignore=self.settings.ignore,
+                    root, datastore, tokenize, loaded.tokenizer.key,
+                    cache_dir=cache_dir, max_file_bytes=s.max_file_bytes, extra_ignore=s.ignore,
                     on_progress=lambda done, total, k=key: self.events.index_progress(k, done, total),
                     on_change=self._on_disk_change,
                 )
                 stats = index.build() or {}
                 index.start_watching()
                 with self._lock:
-                    if generation != self._load_generation or self._closed:
-                        index.stop()
-                        continue
-                    self._indexes[key] = index
+                    stale = self._stale(generation)
+                    if not stale:
+                        self._indexes[key] = index
+                if stale:
+                    self._retire([index], None if self._closed else datastore)
             except Exception as err:
-                log.exception("indexing %s failed", root)
-                self.events.message("warning", f"rest-lsp could not index {root}: {err}")
+                if index is not None and self._stale(generation):
+                    self._retire([index], None if self._closed else datastore)
+                elif not isinstance(err, _Stale):
+                    log.exception("indexing %s failed", root)
+                    self._report("warning", f"rest-lsp could not index {root}: {err}")
             finally:
                 self.events.index_end(key, stats)
 
@@ -296,19 +466,48 @@ class CompletionService:
             self._buffers_dirty.set()
 
     def update_settings(self, settings: Settings) -> None:
+        """New settings. Before start() they are only kept (start loads once); a model that does not load keeps
+        the previous one serving; maxNewTokens that leave no room for a prompt are refused with a message."""
         with self._lock:
-            old, self.settings = self.settings, settings
+            old = self.settings
+            refused: list[str] = []
+            if settings.model_key == old.model_key:  # a new model is checked when it has loaded
+                settings, refused = self._fit_context(settings, old)
+            self.settings = settings
+            started = self._started
+        for text in refused:
+            self._report("error", text)
+        if not started:
+            return
         if old.model_key != settings.model_key:
             self._start_loading()
+        if _workspace_key(old) != _workspace_key(settings):
+            self._restart_indexing()
+
+    def _restart_indexing(self) -> None:
+        """Throw the indexes away and index again under the current settings (indexWorkspace, ignore, ...)."""
+        with self._lock:
+            self._index_generation += 1
+            retired, self._indexes = list(self._indexes.values()), {}
+            datastore, ready = self._datastore, self._ready.is_set()
+            self._indexed.clear()
+        self._retire(retired, datastore)
+        if ready:
+            self._spawn(self._index_roots, "rest-lsp-indexer")
+        else:
+            self._indexed.set()  # the loader indexes once the model is there
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop all work and wait (up to `timeout` per thread) for it to end.
+        """Stop all work and wait (up to `timeout` per thread) for it to end: the worker, the buffer feeder, and
+        every loader and indexer started.
 
         Waiting matters: a process that exits while a thread is still inside torch or the
         tokenizer can abort ("terminate called without an active exception").
         """
         with self._cond:
             self._closed = True
+            self._load_generation += 1
+            self._index_generation += 1
             for job in self._queue:
                 job.cancel_event.set()
             if self._running is not None:
@@ -316,10 +515,10 @@ class CompletionService:
             self._cond.notify_all()
             indexes, self._indexes = list(self._indexes.values()), {}
             datastore = self._datastore
+            threads = [self._worker, self._feeder, *self._threads]
         self._buffers_dirty.set()
-        for index in indexes:
-            index.stop()
-        for thread in (self._worker, self._feeder):
+        self._retire(indexes, None)
+        for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(timeout)
         if datastore is not None:
@@ -365,7 +564,7 @@ class CompletionService:
                     if text is None:
                         self._restore_from_disk(datastore, doc_id)
                     elif self._indexable(text):
-                        datastore.put(doc_id, self._encode(text), Source.OPEN_BUFFER)
+                        datastore.put(doc_id, self._tokenize_batch([text])[0], Source.OPEN_BUFFER)
                 except Exception:
                     log.exception("feeding buffer %s failed", doc_id)
 
@@ -380,46 +579,54 @@ class CompletionService:
         from rest_lsp.datastore import Source
 
         with self._lock:
-            kept = any(index.owns(doc_id) for index in self._indexes.values())
-        if kept:
+            indexes = list(self._indexes.values())
+        if any(index.owns(doc_id) for index in indexes):
             try:
                 text = Path(doc_id).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 text = None
             if text is not None and self._indexable(text):
-                datastore.put(doc_id, self._encode(text), Source.WORKSPACE)
+                datastore.put(doc_id, self._tokenize_batch([text])[0], Source.WORKSPACE)
                 return
         datastore.remove(doc_id)
 
     # -- completions -----------------------------------------------------------------------------------------
     def submit(self, doc_id: str, text: str, offset: int) -> Ticket:
-        """Ask for a completion at character `offset` of `text`; cancels the document's previous request."""
+        """Ask for a completion at character `offset` of `text`; cancels the document's previous request, unless
+        that one is for the identical text and cursor: then both share its computation."""
         offset = max(0, min(offset, len(text)))
-        job = _Job(doc_id, text[:offset], text[offset:], time.perf_counter())
+        before, after = text[:offset], text[offset:]
         with self._cond:
-            for old in self._queue:
-                if old.doc_id == doc_id:
-                    old.cancel_event.set()
-            if self._running is not None and self._running.doc_id == doc_id:
-                self._running.cancel_event.set()
+            for job in (*self._queue, self._running):
+                if job is not None and job.is_for(doc_id, before, after) and not job.cancelled():
+                    return Ticket(job)
+            self._cancel_document(doc_id)
+            job = _Job(doc_id, before, after)
+            ticket = Ticket(job)
             if not self._ready.is_set() or self._closed:
-                _resolve(job.future, None)
-                return Ticket(job)
+                job.resolve(None)
+                return ticket
             shown = self._type_through(job)
             if shown is not None:
-                _resolve(job.future, shown)
-                return Ticket(job)
+                job.resolve(shown)
+                return ticket
             self._queue.append(job)
             self._cond.notify_all()
-        return Ticket(job)
+        return ticket
+
+    def cancel(self, doc_id: str) -> None:
+        """The document changed: stop the work for it (its requests answer None)."""
+        with self._cond:
+            self._cancel_document(doc_id)
+
+    def _cancel_document(self, doc_id: str) -> None:
+        for job in (*self._queue, self._running):
+            if job is not None and job.doc_id == doc_id:
+                job.cancel_event.set()
 
     def _type_through(self, job: _Job) -> Completion | None:
         for shown in reversed(self._shown):
-            if shown.doc_id != job.doc_id or shown.after != job.after:
-                continue
-            if not job.before.startswith(shown.before):
-                continue
-            typed = job.before[len(shown.before):]
+            typed = shown.typed_over(job)
             if typed and shown.text.startswith(typed) and shown.text[len(typed):].strip():
                 self._served += 1
                 self._type_through_count += 1
@@ -435,7 +642,7 @@ class CompletionService:
                     self._cond.wait()
                 if self._closed:
                     for job in self._queue:
-                        _resolve(job.future, None)
+                        job.resolve(None)
                     return
                 job = self._queue.popleft()
                 self._running = job
@@ -446,28 +653,29 @@ class CompletionService:
                 else:
                     with self._lock:
                         self._cancelled += 1  # stopped before decoding began
-                _resolve(job.future, result)
+                job.resolve(result)
             except Exception as err:
                 log.exception("completion failed")
-                self.events.message("warning", f"rest-lsp: a completion failed: {err}")
-                _resolve(job.future, None)
+                self._report("warning", f"rest-lsp: a completion failed: {err}")
+                job.resolve(None)
             finally:
                 with self._cond:
                     self._running = None
 
-    def _draft_source(self):
+    @staticmethod
+    def _draft_source(datastore, settings: Settings):
         from rest_lsp.drafts import NoDrafts, context_and_workspace
 
-        if self.settings.draft_budget <= 0:
+        if settings.draft_budget <= 0:
             return NoDrafts()
-        return context_and_workspace(self._datastore)
+        return context_and_workspace(datastore)
 
     def _complete(self, job: _Job) -> Completion | None:
         from rest_lsp.decoding import DecodeConfig
 
-        with self._lock:
+        with self._lock:  # one consistent model: a switch meanwhile must not mix tokenizers
             loaded, decoder, fim, stop_ids = self._loaded, self._decoder, self._fim, self._stop_ids
-            s = self.settings
+            datastore, s = self._datastore, self.settings
         config = DecodeConfig(max_new_tokens=s.max_new_tokens, budget=s.draft_budget)
         # The decoder refuses prompts that cannot fit with the new tokens and one draft tree.
         budget = min(s.context_tokens, decoder.max_context - config.max_new_tokens - config.budget - 1)
@@ -478,20 +686,25 @@ class CompletionService:
             return None
         ctx = stop_context(job.before, job.after)
         tokenizer = loaded.tokenizer
+        so_far = _IncrementalText(tokenizer.decode)
+        checked = [0]  # new tokens already checked for stop ids
 
         def should_stop(new: list[int]) -> bool:
             if job.cancelled():
                 return True
-            if any(t in stop_ids for t in new):
+            if any(t in stop_ids for t in new[checked[0]:]):
                 return True
-            return trim(tokenizer.decode(new), ctx, final=False)[1]
+            checked[0] = len(new)
+            return trim(so_far.text(new), ctx, final=False)[1]
 
-        result = decoder.generate(prompt.ids, self._draft_source(), config, should_stop)
+        result = decoder.generate(prompt.ids, self._draft_source(datastore, s), config, should_stop,
+                                  cancelled=job.cancelled)
         if job.cancelled():
             with self._lock:
                 self._cancelled += 1
             return None
-        text = finish_text(tokenizer.decode(_until_stop(result.tokens, stop_ids)), ctx)
+        tokens = whole_characters(tokenizer.decode, _until_stop(result.tokens, stop_ids))
+        text = finish_text(tokenizer.decode(tokens), ctx)
         latency = (time.perf_counter() - job.submitted) * 1e3
         with self._lock:
             self._decoded += 1
@@ -502,13 +715,16 @@ class CompletionService:
             if not text:
                 return None
             self._served += 1
-            shown = _Shown(next(self._ids), job.doc_id, job.before, job.after, text)
+            shown = _Shown.of(next(self._ids), job, text)
             self._shown.append(shown)
         return Completion(text, shown.id, len(result.tokens), result.steps, latency, "model")
 
     # -- feedback and introspection ----------------------------------------------------------------------------
     def accept(self, completion_id: int | None, text: str) -> bool:
-        """The user accepted a suggestion: it goes into the datastore now, after the text it followed."""
+        """The user accepted a suggestion: it goes into the datastore now, after the text it followed.
+
+        Only the last ACCEPTED_DOCUMENTS accepted suggestions are kept: older ones are removed.
+        """
         from rest_lsp.datastore import Source
 
         if not self._ready.is_set() or not text:
@@ -519,9 +735,17 @@ class CompletionService:
         before = ""
         if shown is not None and shown.text.endswith(text):
             # after type-through the accepted text is the rest of the suggestion: what was typed precedes it
-            before = shown.before + shown.text[: len(shown.text) - len(text)]
+            before = shown.before_tail + shown.text[: len(shown.text) - len(text)]
         tail = before[-ACCEPT_CONTEXT_CHARS:]
-        datastore.put(f"accepted:{next(self._accepted)}", self._encode(tail + text), Source.ACCEPTED)
+        doc_id = f"accepted:{next(self._accepted)}"
+        datastore.put(doc_id, self._encode(tail + text), Source.ACCEPTED)
+        with self._lock:
+            if datastore is not self._datastore:
+                return True  # a new tokenizer's datastore replaced it meanwhile
+            self._accepted_docs.append(doc_id)
+            old = [self._accepted_docs.popleft() for _ in range(len(self._accepted_docs) - ACCEPTED_DOCUMENTS)]
+        if old:
+            datastore.apply([], old)
         return True
 
     def drafts(self, text: str, limit: int = 10) -> list[tuple[str, float]]:
@@ -535,7 +759,10 @@ class CompletionService:
 
     def stats(self) -> dict:
         with self._lock:
-            store = self._datastore.stats() if self._datastore is not None else {"documents": 0, "tokens": 0}
+            datastore = self._datastore
+        # the datastore's own lock, not under ours
+        store = datastore.stats() if datastore is not None else {"documents": 0, "tokens": 0}
+        with self._lock:
             return {
                 "model": self._loaded.name if self._loaded is not None else None,
                 "ready": self._ready.is_set(),
@@ -551,6 +778,32 @@ class CompletionService:
                 "mean_ms_per_token": self._decode_ms / self._gen_tokens if self._gen_tokens else None,
                 "last_latency_ms": self._last_latency_ms,
             }
+
+
+def _fits(settings: Settings, context: int) -> bool:
+    return settings.max_new_tokens + settings.draft_budget + 1 + MIN_PROMPT_TOKENS <= context
+
+
+def _clamped(settings: Settings, context: int) -> Settings:
+    """`settings` with maxNewTokens, then draftBudget, cut until a prompt fits the context."""
+    budget = max(0, min(settings.draft_budget, context - 2 - MIN_PROMPT_TOKENS))
+    new = max(1, min(settings.max_new_tokens, context - budget - 1 - MIN_PROMPT_TOKENS))
+    return dataclasses.replace(settings, max_new_tokens=new, draft_budget=budget)
+
+
+def _workspace_key(settings: Settings) -> tuple:
+    """The settings that need the workspace indexed again when they change."""
+    return (settings.index_workspace, settings.ignore, settings.max_file_bytes, settings.cache_dir)
+
+
+def whole_characters(decode: Callable[[list[int]], str], tokens: list[int]) -> list[int]:
+    """`tokens` without a last character cut in the middle (a token limit can stop inside a multi-byte
+    character, which decodes to U+FFFD)."""
+    for _ in range(3):  # a character has at most 4 bytes: at most 3 tokens of an unfinished one
+        if not tokens or not decode(tokens).endswith("\ufffd"):
+            break
+        tokens = tokens[:-1]
+    return tokens
 
 
 def _until_stop(tokens: list[int], stop_ids: frozenset[int]) -> list[int]:

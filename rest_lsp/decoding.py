@@ -7,6 +7,7 @@ node's logits judge its children. With an empty tree a step is exactly one plain
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -16,8 +17,8 @@ from transformers import DynamicCache
 
 from rest_lsp.acceptance import AcceptanceModel
 from rest_lsp.draft_tree import DraftTree, build_tree, fit_to_cost, tree_attention_mask, tree_position_ids
-from rest_lsp.drafts import DraftSource, propose
-from rest_lsp.model import LoadedModel
+from rest_lsp.drafts import DraftSource, Proposal, propose
+from rest_lsp.model import LoadedModel, ModelLoadError
 
 
 @dataclass
@@ -88,12 +89,59 @@ def _memo(logits_at: Callable[[int], torch.Tensor]) -> Callable[[int], torch.Ten
     return at
 
 
+def _restore_on_error(method):
+    """A pass that fails part-way (an out-of-memory in a middle layer, say) leaves cache layers of unequal length:
+    cut every layer back to the tokens the decoder knows it holds (or start over), so the next call is exact."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self._restore()
+            raise
+
+    return wrapper
+
+
+def _sliding_window(config) -> tuple[int | None, list[str] | None]:
+    """(window, per-layer attention types or None when every layer has the window); (None, None): no window."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None and not set(types) <= {"full_attention", "sliding_attention"}:
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        raise ModelLoadError(f"rest-lsp cannot decode models with {', '.join(unknown)} layers; pick another model.")
+    if not window or (types is not None and "sliding_attention" not in types):
+        return None, None
+    return int(window), (list(types) if types is not None else None)
+
+
+def _longrope_switch(config) -> int | None:
+    """The position from which a long-RoPE model (Phi-3) rotates with its long factors, else None."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type")) != "longrope":
+        return None
+    switch = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+    return int(switch) if switch else None
+
+
+def _outside_window(mask: torch.Tensor, positions: torch.Tensor, past: int, window: int) -> torch.Tensor:
+    """`mask` [1, 1, n, past+n] with every key `window` or more positions behind its query masked out."""
+    keys = torch.cat([torch.arange(past, device=positions.device), positions])  # [past+n]
+    far = positions[:, None] - keys[None, :] >= window  # [n, past+n]
+    return mask.masked_fill(far[None, None], torch.finfo(mask.dtype).min)
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+# Tokens per prefill pass: a long prompt can be given up between passes (a request cancelled meanwhile).
+PREFILL_CHUNK = 256
 
 
 class Decoder:
@@ -105,6 +153,14 @@ class Decoder:
         self.dtype = next(loaded.model.parameters()).dtype
         self.eos = loaded.eos_token_ids
         self.max_context = loaded.max_context
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        # Sliding-window layers: the cache keeps every key (full layers) and the tree mask applies the window,
+        # because a windowed cache layer can neither be cropped past the window nor take a tree mask.
+        self.window, self.layer_types = _sliding_window(self.model.config)
+        # Long RoPE switches every key's rotation once a pass reaches this position: the cache is recomputed
+        # then (as transformers' generate does) and no tree straddles it.
+        self.rope_switch = _longrope_switch(self.model.config)
+        self._rope_long: bool | None = None  # the rotation of the cached keys
         self._cache: DynamicCache | None = None
         self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
         self.body, self.head = self._split_head()
@@ -137,11 +193,76 @@ class Decoder:
         """Forget the cached sequence: the next prompt is prefilled in full."""
         self._cache, self._cached = None, []
 
-    def _crop(self, length: int) -> None:
-        drop = self._cache.get_seq_length() - length
-        if drop > 0:
-            self._cache.crop(-drop)
+    def _restore(self) -> None:
+        """Back to a consistent cache after a failed call: rows beyond `_cached` are dropped from every layer."""
+        try:
+            if self._cache is not None:
+                self._crop(len(self._cached))
+                return
+        except Exception:
+            pass
+        self.reset()
+
+    def _new_cache(self) -> DynamicCache:
+        return DynamicCache() if self.window is not None else DynamicCache(config=self.model.config)
+
+    def _crop(self, length: int) -> int:
+        """Keep the first `length` cached tokens in every layer; returns how many are kept (0 when a layer has
+        fewer than `length`: a damaged cache starts over)."""
+        layers = self._cache.layers
+        if any(layer.get_seq_length() < length for layer in layers):
+            self._cache, self._cached = self._new_cache(), []
+            return 0
+        for layer in layers:
+            if layer.get_seq_length() > length:
+                layer.crop(length - layer.get_seq_length())  # negative: tokens to remove
         del self._cached[length:]
+        return length
+
+    def _long_rope(self, last_position: int) -> bool:
+        return self.rope_switch is not None and last_position >= self.rope_switch
+
+    def _match_rope(self, seq: Sequence[int]) -> None:
+        """Recompute the cache when the step's root needs the other rotation than the cached keys have."""
+        long = self._long_rope(len(seq) - 1)
+        if self.rope_switch is None or not self._cached or self._rope_long == long:
+            return
+        self.reset()
+        if long:  # a pass that reaches the root's position, so that it rotates with the long factors
+            self.prefill(seq)
+            self._crop(len(seq) - 1)
+        else:
+            self.prefill(seq[:-1])
+
+    def _usable(self, proposals: list[Proposal], seq_length: int) -> list[Proposal]:
+        """Proposals without any node holding an id outside the vocabulary (a datastore of another tokenizer) and,
+        for long RoPE, without nodes at or past the position where the rotation switches (one pass cannot hold
+        both rotations); a dropped node takes its descendants with it."""
+        depth_limit = None
+        if self.rope_switch is not None and not self._long_rope(seq_length - 1):
+            depth_limit = self.rope_switch - seq_length
+        out = []
+        for prop in proposals:
+            if depth_limit is None and all(0 <= t < self.vocab_size for t in prop.tokens):
+                out.append(prop)
+                continue
+            where: list[int] = []  # old index -> new index, -2 when dropped
+            depth: list[int] = []
+            tokens, parents, ratios = [], [], []
+            for t, parent, ratio in zip(prop.tokens, prop.parents, prop.ratios):
+                d = 1 if parent < 0 else depth[parent] + 1
+                depth.append(d)
+                up = -1 if parent < 0 else where[parent]
+                if up == -2 or not 0 <= t < self.vocab_size or (depth_limit is not None and d > depth_limit):
+                    where.append(-2)
+                    continue
+                where.append(len(tokens))
+                tokens.append(t)
+                parents.append(up)
+                ratios.append(ratio)
+            if tokens:
+                out.append(Proposal(prop.source, prop.match_length, tuple(tokens), tuple(parents), tuple(ratios)))
+        return out
 
     def _keep_rows(self, base: int, rows: list[int]) -> None:
         """Move the KV rows base+rows[i] to base+i and drop everything after them."""
@@ -154,22 +275,36 @@ class Decoder:
         self._cache.crop(-(self._cache.get_seq_length() - base - len(rows)))
 
     # -- model passes --------------------------------------------------------------------------------------------
+    @_restore_on_error
     @torch.inference_mode()
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Make the cache hold exactly `tokens`, reusing the longest common prefix. Returns tokens computed."""
+    def prefill(self, tokens: Sequence[int], stop: Callable[[], bool] | None = None) -> int:
+        """Make the cache hold exactly `tokens`, reusing the longest common prefix. Returns tokens computed.
+
+        `stop` is asked between chunks of PREFILL_CHUNK tokens: a long prompt can be given up half-way (the cache
+        then holds the part computed so far).
+        """
         if self._cache is None:
-            self._cache = DynamicCache(config=self.model.config)
+            self._cache = self._new_cache()
             self._cached = []
         keep = _common_prefix(self._cached, tokens)
-        self._crop(keep)
-        todo = list(tokens[keep:])
-        if todo:
-            ids = torch.tensor([todo], device=self.device)  # [1, T]
-            pos = torch.arange(keep, keep + len(todo), device=self.device)[None]  # [1, T]
+        long = self._long_rope(len(tokens) - 1)
+        if keep < len(tokens) and self.rope_switch is not None and self._rope_long != long:
+            keep = 0  # the kept keys were rotated with the other factors
+        keep = self._crop(keep)
+        # long RoPE rotates a pass by its last position: one pass, so that all keys rotate alike
+        size = PREFILL_CHUNK if self.rope_switch is None else max(1, len(tokens))
+        for start in range(keep, len(tokens), size):
+            if stop is not None and stop():
+                break
+            chunk = list(tokens[start : start + size])
+            ids = torch.tensor([chunk], device=self.device)  # [1, T]
+            pos = torch.arange(start, start + len(chunk), device=self.device)[None]  # [1, T]
             self.model(input_ids=ids, position_ids=pos, cache=self._cache, use_cache=True, logits_to_keep=1)
-            self._cached.extend(todo)
-        return len(todo)
+            self._cached.extend(chunk)
+            self._rope_long = long
+        return len(self._cached) - keep
 
+    @_restore_on_error
     @torch.inference_mode()
     def verify(self, tree: DraftTree) -> Callable[[int], torch.Tensor]:
         """One forward pass over the root and all drafts on top of the cache.
@@ -180,8 +315,9 @@ class Decoder:
         ids = torch.tensor([tree.tokens], device=self.device)  # [1, n+1]
         pos = tree_position_ids(tree, past, self.device)  # [1, n+1]
         kwargs = dict(input_ids=ids, position_ids=pos, cache=self._cache, use_cache=True)
-        if len(tree) > 1:  # a lone root is a plain step: one query sees the whole cache, no mask to build
-            kwargs["attention_mask"] = tree_attention_mask(tree, past, self.dtype, self.device)  # [1, 1, n+1, past+n+1]
+        if len(tree) > 1 or self.window is not None:
+            # a lone root on a full cache is a plain step: one query sees the whole cache, no mask to build
+            kwargs["attention_mask"] = self._tree_mask(tree, past)  # [1, 1, n+1, past+n+1] (per layer type with windows)
         if self.body is None:
             logits = self.model(**kwargs).logits[0].float()  # [n+1, V]
             return lambda node: logits[node]
@@ -192,6 +328,15 @@ class Decoder:
             return self.head(hidden[node : node + 1])[0].float()  # [V]
 
         return logits_at
+
+    def _tree_mask(self, tree: DraftTree, past: int):
+        mask = tree_attention_mask(tree, past, self.dtype, self.device)  # [1, 1, n+1, past+n+1]
+        if self.window is None:
+            return mask
+        windowed = _outside_window(mask, tree_position_ids(tree, past, self.device)[0], past, self.window)
+        if self.layer_types is None:
+            return windowed
+        return {"full_attention": mask, "sliding_attention": windowed}  # the model picks one per layer
 
     # -- acceptance ----------------------------------------------------------------------------------------------
     def _choose(self, logits: torch.Tensor, config: DecodeConfig, gen: torch.Generator | None) -> int:
@@ -251,6 +396,7 @@ class Decoder:
             drafts.observe_successors(tree.tokens[node], top.indices.tolist(), top.values.tolist())
 
     # -- the loop ------------------------------------------------------------------------------------------------
+    @_restore_on_error
     @torch.inference_mode()
     def generate(
         self,
@@ -258,6 +404,7 @@ class Decoder:
         drafts: DraftSource,
         config: DecodeConfig,
         should_stop: Callable[[list[int]], bool] | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> DecodeResult:
         if not prompt:
             raise ValueError("The prompt is empty: there is nothing to continue.")
@@ -271,9 +418,11 @@ class Decoder:
             gen = torch.Generator(device=self.device).manual_seed(config.seed)
 
         t0 = time.perf_counter()
-        computed = self.prefill(prompt[:-1])
+        computed = self.prefill(prompt[:-1], stop=cancelled)
         sync_device(self.device)
         t1 = time.perf_counter()
+        if len(self._cached) < len(prompt) - 1:  # `cancelled` fired during the prefill
+            return DecodeResult([], 0, (t1 - t0) * 1e3, 0.0, "stopped", computed)
 
         seq = list(prompt)
         new: list[int] = []
@@ -282,11 +431,12 @@ class Decoder:
         draft_s = 0.0
         while len(new) < config.max_new_tokens:
             t_draft = time.perf_counter()
-            proposals = propose(drafts, seq) if config.budget > 0 else []
+            proposals = self._usable(propose(drafts, seq), len(seq)) if config.budget > 0 else []
             tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
             if config.fit_to_cost:
                 tree = fit_to_cost(tree, self.step_cost)
             draft_s += time.perf_counter() - t_draft
+            self._match_rope(seq)
             base = self._cache.get_seq_length()
             logits_at = _memo(self.verify(tree))
             steps += 1

@@ -9,6 +9,10 @@ from pathlib import Path
 
 from rest_lsp.errors import UserError
 
+# Below this, logits / temperature overflow to inf and sampling has no distribution left (nan fails both checks).
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 100.0
+
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="hub id (already cached), local folder or .gguf file")
@@ -50,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1 (got {args.max_new_tokens}).")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise UserError("--temperature must be >= 0 and --top-p in (0, 1].")
+    if not (args.temperature == 0 or MIN_TEMPERATURE <= args.temperature <= MAX_TEMPERATURE) or not 0 < args.top_p <= 1:
+        raise UserError(f"--temperature must be 0 (greedy) or from {MIN_TEMPERATURE} to {MAX_TEMPERATURE}, "
+                        "and --top-p in (0, 1].")
     if args.budget is not None and args.budget < 0:
         raise UserError(f"--budget must be >= 0 (got {args.budget}).")
     if args.workspace is not None and not args.workspace.is_dir():

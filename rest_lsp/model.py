@@ -128,7 +128,7 @@ def _resolve(spec: str | None) -> tuple[str, str | None]:
             "or pass --model with a local folder or .gguf file."
         )
     path = Path(spec).expanduser()
-    if path.suffix == ".gguf":
+    if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"Model file '{spec}' does not exist; pass --model with a local folder or .gguf file.")
         return str(path.parent), path.name
@@ -182,8 +182,15 @@ def _load_gguf_cached(folder: str, gguf_file: str, dtype: torch.dtype):
             return _from_pretrained(str(cached), None, dtype)
         except Exception as err:  # a damaged cache is rebuilt, never fatal
             log.warning("Cached conversion %s is unusable (%s); converting the .gguf again.", cached, err)
-            shutil.rmtree(cached, ignore_errors=True)
+    # a folder without config.json is a damaged conversion too; os.replace cannot write over it
+    shutil.rmtree(cached, ignore_errors=True)
     model, tok = _from_pretrained(folder, gguf_file, torch.float32)
+    _keep_conversion(model, tok, cached)
+    return model.to(dtype), tok
+
+
+def _keep_conversion(model, tok, cached: Path) -> None:
+    """Save the dequantized model into `cached`, all or nothing; a failure only costs the next load a conversion."""
     tmp = None
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -195,11 +202,12 @@ def _load_gguf_cached(folder: str, gguf_file: str, dtype: torch.dtype):
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         os.replace(tmp, cached)  # atomic: a reader sees the whole folder or none
-    except OSError as err:
+        tmp = None
+    except Exception as err:  # save_pretrained raises more than OSError (ValueError, RuntimeError, ...)
         log.warning("Could not keep the converted model in %s (%s); the next load converts again.", cached, err)
+    finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    return model.to(dtype), tok
 
 
 def _load(spec: str | None, dtype: torch.dtype):
@@ -212,7 +220,7 @@ def _load(spec: str | None, dtype: torch.dtype):
             return _from_pretrained(folder, None, dtype)
     except ModelLoadError:
         raise
-    except (OSError, ValueError, KeyError, EnvironmentError) as err:
+    except Exception as err:  # corrupt weights raise the safetensors library's own error type, among others
         where = ".gguf file" if gguf_file else "local folder" if Path(folder).is_dir() else "cached hub model"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(
@@ -228,15 +236,32 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
             from transformers import AutoTokenizer
 
             if gguf_file:
-                cached = _gguf_cache_dir(folder, gguf_file)
-                if (cached / "tokenizer_config.json").is_file():
-                    return Tokenizer(AutoTokenizer.from_pretrained(str(cached), local_files_only=True))
-                return Tokenizer(AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True))
+                return Tokenizer(_gguf_tokenizer(folder, gguf_file))
             return Tokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True))
-    except (OSError, ValueError, KeyError) as err:
+    except Exception as err:
         raise ModelLoadError(
             f"Could not load the tokenizer of '{spec or DEFAULT_MODEL}'; point --model at a local folder or .gguf file."
         ) from err
+
+
+def _gguf_tokenizer(folder: str, gguf_file: str):
+    """The tokenizer of a .gguf: from its conversion cache, else (missing or damaged there) from the file itself,
+    putting it back into the cache."""
+    from transformers import AutoTokenizer
+
+    cached = _gguf_cache_dir(folder, gguf_file)
+    if (cached / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
+        except Exception as err:
+            log.warning("Cached tokenizer in %s is unusable (%s); reading it from the .gguf again.", cached, err)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
+    if (cached / "config.json").is_file():  # a conversion whose tokenizer alone was damaged: repair it
+        try:
+            tok.save_pretrained(cached)
+        except Exception as err:
+            log.warning("Could not repair the cached tokenizer in %s (%s).", cached, err)
+    return tok
 
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:

@@ -23,12 +23,15 @@ written by inserting at the cursor, so nothing is shown.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rest_lsp.prompt import held_back
 
 BLOCK_OPENERS = (":", "{", "(", "[", "=>", "->", " do", " then", "begin")
-CLOSERS = (")", "]", "}", "end")
+# A line that closes a block: a bracket, or the word `end` (Ruby, Lua, shell's `end`-style languages); `end_time`
+# or `endpoint` is a name, not a closer.
+_CLOSER = re.compile(r"[)\]}]|end(?!\w)")
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,8 @@ def _cut(text: str, ctx: StopContext, final: bool) -> tuple[str, bool]:
         elif _indent(line) < block:
             stripped = line.strip()
             # A closing bracket at the opener's level belongs to the block, unless it is already there.
-            if stripped.startswith(CLOSERS) and not ctx.next_line.startswith(stripped[:1]):
+            closer = _CLOSER.match(stripped)
+            if closer and not ctx.next_line.startswith(closer.group()):
                 if i < complete:
                     return "\n".join(lines[: i + 1]), True
                 return text, False

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -19,8 +20,10 @@ from typing import Any
 from urllib.parse import unquote
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcContentModified
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
+from pygls.workspace import TextDocument, Workspace
 
 from rest_lsp import __version__
 from rest_lsp import settings as settings_module
@@ -33,6 +36,30 @@ ACCEPT_COMMAND = "rest-lsp.accept"
 STATS_COMMAND = "rest-lsp.stats"
 DRAFTS_COMMAND = "rest-lsp.drafts"
 LABEL_CHARS = 60
+
+
+# LSP counts lines at \n, \r\n and \r only; str.splitlines also splits at \f, \v, \x1c-\x1e, \x85, \u2028, \u2029.
+_LSP_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def lsp_lines(text: str) -> list[str]:
+    """The lines of `text` as an LSP client counts them, each with its line break."""
+    return _LSP_LINE.findall(text)
+
+
+class LspTextDocument(TextDocument):
+    """pygls' document with LSP's line breaks, so positions and incremental edits land where the client means."""
+
+    @property
+    def lines(self) -> list[str]:
+        return lsp_lines(self.source)
+
+
+class LspWorkspace(Workspace):
+    def _create_text_document(self, doc_uri: str, source: str | None = None, version: int | None = None,
+                              language_id: str | None = None) -> TextDocument:
+        return LspTextDocument(doc_uri, source=source, version=version, language_id=language_id,
+                               sync_kind=self._sync_kind, position_codec=self._position_codec)
 
 
 class RestLanguageServer(LanguageServer):
@@ -54,6 +81,7 @@ class RestLanguageServer(LanguageServer):
             self.show("error", "rest-lsp ignored invalid settings (previous values kept): " + " ".join(errors))
         if self.service is not None:
             self.service.update_settings(new)
+            self.settings = self.service.settings  # what the service kept (values the model cannot take are refused)
 
 
 class _Events:
@@ -117,7 +145,7 @@ def _cursor(ls: RestLanguageServer, uri: str, position: types.Position) -> tuple
     if doc is None:
         return None
     text = doc.source
-    lines = doc.lines
+    lines = lsp_lines(text)
     if position.line >= len(lines):
         if not lines:
             return text, 0, types.Position(line=0, character=0)
@@ -130,21 +158,31 @@ def _cursor(ls: RestLanguageServer, uri: str, position: types.Position) -> tuple
     clamped = types.Position(line=position.line,
                              character=min(position.character, doc.position_codec.client_num_units(content)))
     server_pos = doc.position_codec.position_from_client_units(lines, types.Position(clamped.line, clamped.character))
-    return text, doc.offset_at_server_position(server_pos), clamped
+    return text, sum(len(line) for line in lines[: server_pos.line]) + server_pos.character, clamped
 
 
 async def _complete(ls: RestLanguageServer, uri: str, position: types.Position):
-    """(Completion or None, clamped position); cancels the service's work when this request is cancelled."""
+    """(Completion or None, clamped position); cancels the service's work when this request is cancelled.
+
+    A document changed while the completion was computed answers ContentModified: the text and position would
+    be those of the older version.
+    """
     found = _cursor(ls, uri, position)
     if found is None or ls.service is None:
         return None, position
     text, offset, pos = found
+    doc = ls.workspace.text_documents.get(unquote(uri))
+    version = doc.version
     ticket = ls.service.submit(uri, text, offset)
     try:
-        return await asyncio.wrap_future(ticket.future), pos
+        completion = await asyncio.wrap_future(ticket.future)
     except asyncio.CancelledError:
         ticket.cancel()
         raise
+    now = ls.workspace.text_documents.get(unquote(uri))
+    if now is not doc or now.version != version or now.source != text:
+        raise JsonRpcContentModified(f"{uri} changed while its completion was computed.")
+    return completion, pos
 
 
 async def _pull_settings(ls: RestLanguageServer) -> Any:
@@ -172,6 +210,7 @@ def create_server(settings: Settings | None = None) -> RestLanguageServer:
     @server.feature(types.INITIALIZE)
     def initialize(ls: RestLanguageServer, params: types.InitializeParams) -> None:
         ls.loop = asyncio.get_running_loop()
+        ls.workspace.__class__ = LspWorkspace  # pygls built it just before this handler: same state, LSP lines
         ls.service = CompletionService(ls.settings, _Events(ls, ls.loop))
         ls.apply_settings(params.initialization_options)
 
@@ -195,6 +234,7 @@ def create_server(settings: Settings | None = None) -> RestLanguageServer:
         uri = params.text_document.uri
         doc = ls.workspace.text_documents.get(unquote(uri))
         if doc is not None and ls.service is not None:
+            ls.service.cancel(uri)  # a decode for the older text is wasted: stop it
             ls.service.change_buffer(_doc_id(uri), doc.source)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
@@ -250,9 +290,10 @@ def create_server(settings: Settings | None = None) -> RestLanguageServer:
         return [{"text": text, "weight": weight} for text, weight in found]
 
     @server.feature(types.SHUTDOWN)
-    def shutdown(ls: RestLanguageServer, *args) -> None:
+    async def shutdown(ls: RestLanguageServer, *args) -> None:
         if ls.service is not None:
-            ls.service.close()
+            # in a thread: close() joins threads that may wait for this event loop (progress reports)
+            await asyncio.to_thread(ls.service.close)
 
     return server
 
