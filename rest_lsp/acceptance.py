@@ -80,6 +80,7 @@ class AcceptanceModel:
             "model": model_key,
             "buckets": [[*k, *v] for k, v in self._buckets.items()],
             "sources": [[k, *v] for k, v in self._sources.items()],
+            "observations": self.observations,
         }
 
     @classmethod
@@ -96,6 +97,7 @@ class AcceptanceModel:
         for row in data["sources"]:
             source, hits, tried = row
             table._sources[str(source)] = [_count(hits), _count(tried)]
+        table.observations = int(_count(data.get("observations", 0)))
         return table
 
     def save(self, path: Path, model_key: str) -> None:

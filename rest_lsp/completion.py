@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
+from rest_lsp.drafts import SOURCE_NAMES
 from rest_lsp.postprocess import StopContext, stop_context, trim
 from rest_lsp.prompt import Fim, build_prompt, detect_fim
 from rest_lsp.settings import Settings
@@ -44,6 +45,9 @@ TYPE_THROUGH_ENTRIES = 8
 ACCEPT_CONTEXT_CHARS = 256  # text before an accepted completion stored with it, so drafts match where it goes
 ACCEPTED_DOCUMENTS = 256  # accepted completions kept in the datastore; older ones are removed
 MIN_PROMPT_TOKENS = 16  # maxNewTokens and draftBudget must leave at least this much of the context to the prompt
+SUFFIX_DRAFT_CHARS = 4000  # text after the cursor offered as drafts when the prompt leaves it out (no FIM)
+OUTPUT_CONTEXT_TOKENS = 32  # prompt tokens stored before each output, so drafts match where it was written
+SAVE_ACCEPTANCE_EVERY = 16  # completions between saves of the learned acceptance table
 DECODE_OVERLAP = 4  # ids decoded again before the new ones, for tokenizers whose text depends on the neighbours
 
 
@@ -246,7 +250,13 @@ class CompletionService:
         self._gen_tokens = 0
         self._gen_steps = 0
         self._decode_ms = 0.0
+        self._draft_ms = 0.0
         self._last_latency_ms: float | None = None
+        # what REST learns from the model, per model: its own recent outputs, its habits (successor table), and
+        # how often it accepts each source's drafts (saved beside the index every few completions and at close)
+        self._outputs = None
+        self._recycle = None
+        self._acceptance_file: tuple[Path, str] | None = None
         self._worker = threading.Thread(target=self._work, name="rest-lsp-decoder", daemon=True)
         self._feeder = threading.Thread(target=self._feed_buffers, name="rest-lsp-buffers", daemon=True)
         self._worker.start()
@@ -302,10 +312,14 @@ class CompletionService:
         from rest_lsp.decoding import Decoder
         from rest_lsp.model import Tokenizer, load_model
 
+        from rest_lsp.acceptance import AcceptanceModel, table_location
+        from rest_lsp.drafts import OutputStore, SuccessorTable
+
         s = self.settings
         try:
             loaded = load_model(s.model, s.device, s.dtype)
-            decoder = Decoder(loaded)
+            table = table_location(self._cache_dir(s), loaded.name, str(loaded.dtype), loaded.device.type)
+            decoder = Decoder(loaded, AcceptanceModel.load(*table))
             background = Tokenizer(copy.deepcopy(loaded.tokenizer.hf))
         except Exception as err:  # ModelLoadError and anything else: the server stays up
             self._load_failed(generation, str(err) or type(err).__name__)
@@ -315,7 +329,9 @@ class CompletionService:
             if generation != self._load_generation or self._closed:
                 return
             old_key = self._loaded.tokenizer.key if self._loaded is not None else None
+            self._save_acceptance()  # what the replaced model learned
             self._loaded, self._decoder, self._bg_tokenizer = loaded, decoder, background
+            self._outputs, self._recycle, self._acceptance_file = OutputStore(), SuccessorTable(), table
             self._fim = detect_fim(hf)
             special = {i for i, t in getattr(hf, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
             fim_markers = {self._fim.prefix_id, self._fim.suffix_id, self._fim.middle_id} if self._fim else set()
@@ -337,6 +353,22 @@ class CompletionService:
             self._report("error", text)
         self._report("info", f"rest-lsp: model {loaded.name} ready on {loaded.device}.")
         self._index_roots()
+
+    @staticmethod
+    def _cache_dir(settings: Settings) -> Path:
+        from rest_lsp.model import cache_root
+
+        return Path(settings.cache_dir) if settings.cache_dir else cache_root()
+
+    def _save_acceptance(self) -> None:
+        """Save the decoder's learned acceptance table; a failure costs only what was learned."""
+        decoder, where = self._decoder, self._acceptance_file
+        if decoder is None or where is None:
+            return
+        try:
+            decoder.acceptance.save(where[0], where[1])
+        except OSError as err:
+            log.warning("rest-lsp: could not save the learned acceptance table %s: %s", where[0], err)
 
     def _load_failed(self, generation: int, error: str) -> None:
         with self._lock:
@@ -521,6 +553,7 @@ class CompletionService:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(timeout)
+        self._save_acceptance()  # the worker has stopped: nothing changes the table any more
         if datastore is not None:
             datastore.close()
 
@@ -662,13 +695,12 @@ class CompletionService:
                 with self._cond:
                     self._running = None
 
-    @staticmethod
-    def _draft_source(datastore, settings: Settings):
-        from rest_lsp.drafts import NoDrafts, context_and_workspace
+    def _draft_source(self, datastore, settings: Settings, suffix: list[int] | None, outputs, recycle):
+        from rest_lsp.drafts import NoDrafts, rest_drafts
 
         if settings.draft_budget <= 0:
             return NoDrafts()
-        return context_and_workspace(datastore)
+        return rest_drafts(datastore, suffix=suffix, outputs=outputs, recycle=recycle, exclude=settings.draft_exclude)
 
     def _complete(self, job: _Job) -> Completion | None:
         from rest_lsp.decoding import DecodeConfig
@@ -676,12 +708,18 @@ class CompletionService:
         with self._lock:  # one consistent model: a switch meanwhile must not mix tokenizers
             loaded, decoder, fim, stop_ids = self._loaded, self._decoder, self._fim, self._stop_ids
             datastore, s = self._datastore, self.settings
+            outputs, recycle = self._outputs, self._recycle
         config = DecodeConfig(max_new_tokens=s.max_new_tokens, budget=s.draft_budget)
         # The decoder refuses prompts that cannot fit with the new tokens and one draft tree.
         budget = min(s.context_tokens, decoder.max_context - config.max_new_tokens - config.budget - 1)
         with self._tok_lock:
             prompt = build_prompt(loaded.tokenizer.hf, job.before, job.after, budget=budget, fim=fim,
                                   suffix_fraction=s.suffix_fraction)
+            # Without FIM the prompt leaves out the text after the cursor; what follows it there is often what
+            # the model writes next (a line being re-typed, a call matching a definition below): a draft source.
+            suffix = None
+            if fim is None and s.draft_budget > 0 and job.after.strip():
+                suffix = loaded.tokenizer.encode(job.after[:SUFFIX_DRAFT_CHARS])
         if not prompt.ids:
             return None
         ctx = stop_context(job.before, job.after)
@@ -697,8 +735,10 @@ class CompletionService:
             checked[0] = len(new)
             return trim(so_far.text(new), ctx, final=False)[1]
 
-        result = decoder.generate(prompt.ids, self._draft_source(datastore, s), config, should_stop,
-                                  cancelled=job.cancelled)
+        drafts = self._draft_source(datastore, s, suffix, outputs, recycle)
+        result = decoder.generate(prompt.ids, drafts, config, should_stop, cancelled=job.cancelled)
+        # every output, shown or not: the next request at this place will likely start the same way
+        outputs.add(prompt.ids[-OUTPUT_CONTEXT_TOKENS:], result.tokens)
         if job.cancelled():
             with self._lock:
                 self._cancelled += 1
@@ -711,12 +751,19 @@ class CompletionService:
             self._gen_tokens += len(result.tokens)
             self._gen_steps += result.steps
             self._decode_ms += result.decode_ms
+            self._draft_ms += result.draft_ms
             self._last_latency_ms = latency
+            save = self._decoded % SAVE_ACCEPTANCE_EVERY == 0
             if not text:
-                return None
-            self._served += 1
-            shown = _Shown.of(next(self._ids), job, text)
-            self._shown.append(shown)
+                shown = None
+            else:
+                self._served += 1
+                shown = _Shown.of(next(self._ids), job, text)
+                self._shown.append(shown)
+        if save and decoder is self._decoder:
+            self._save_acceptance()
+        if shown is None:
+            return None
         return Completion(text, shown.id, len(result.tokens), result.steps, latency, "model")
 
     # -- feedback and introspection ----------------------------------------------------------------------------
@@ -776,6 +823,14 @@ class CompletionService:
                 "cancelled": self._cancelled,
                 "mean_tokens_per_step": self._gen_tokens / self._gen_steps if self._gen_steps else None,
                 "mean_ms_per_token": self._decode_ms / self._gen_tokens if self._gen_tokens else None,
+                # running totals, so that a client can measure an interval by differences
+                "generated_tokens": self._gen_tokens,
+                "decode_steps": self._gen_steps,
+                "decode_ms": self._decode_ms,
+                "draft_ms": self._draft_ms,
+                "draft_sources": [] if self.settings.draft_budget <= 0 else [
+                    n for n in SOURCE_NAMES if n not in self.settings.draft_exclude],
+                "acceptance_observations": self._decoder.acceptance.observations if self._decoder else 0,
                 "last_latency_ms": self._last_latency_ms,
             }
 

@@ -27,6 +27,7 @@ class Settings:
     dtype: str | None = None  # "float32", "bfloat16", "float16"; None = the model loader's choice
     max_new_tokens: int = 64
     draft_budget: int = 16  # draft-tree nodes verified per step; 0 = plain decoding (no REST)
+    draft_exclude: tuple[str, ...] = ()  # draft sources left out (drafts.SOURCE_NAMES), for comparisons
     context_tokens: int = 1024  # prompt budget, prefix + suffix
     suffix_fraction: float = 0.25  # share of context_tokens kept for the suffix (FIM models only)
     debounce_ms: int = 20  # wait this long before decoding; a newer request in the meantime wins
@@ -121,6 +122,14 @@ def _check(name: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"expected a list of gitignore patterns, got {value!r}.")
         return tuple(value)
+    if name == "draft_exclude":
+        from rest_lsp.drafts import SOURCE_NAMES
+
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)) or not all(v in SOURCE_NAMES for v in value):
+            raise ValueError(f"expected a list of draft sources out of {', '.join(SOURCE_NAMES)}, got {value!r}.")
+        return tuple(value)
     if name == "dtype":
         if value is not None and value not in _DTYPES:
             raise ValueError(f"expected one of {', '.join(_DTYPES)}, got {value!r}.")
@@ -139,6 +148,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=_DTYPES, help="weights dtype (default: the loader's choice)")
     g.add_argument("--max-new-tokens", type=int, help="most tokens per completion (default: 64)")
     g.add_argument("--draft-budget", type=int, help="draft-tree nodes per step; 0 disables REST (default: 16)")
+    g.add_argument("--draft-exclude", help="comma-separated draft sources to leave out: context, suffix, outputs, "
+                   "workspace, recycle (default: none)")
     g.add_argument("--context-tokens", type=int, help="prompt budget in tokens (default: 1024)")
     g.add_argument("--suffix-fraction", type=float, help="share of the budget for the suffix, FIM only (default: 0.25)")
     g.add_argument("--debounce-ms", type=int, help="wait before decoding (default: 20)")

@@ -1,0 +1,85 @@
+"""What the completion service feeds REST: its own outputs, the text after the cursor, the learned acceptance
+table kept across restarts, and the draft-source setting."""
+
+import pytest
+from conftest_server import greedy, tiny_models  # noqa: F401  (fixture)
+
+from rest_lsp.acceptance import AcceptanceModel, table_location
+from rest_lsp.completion import CompletionService
+from rest_lsp.settings import Settings
+
+BEFORE = "def scale(values, factor):\n    out = []\n    for v in values:\n        out.append(v *"
+AFTER = "\n    return out\n"
+
+
+def start(model_dir, cache, **kw) -> CompletionService:
+    settings = Settings(model=str(model_dir), max_new_tokens=16, debounce_ms=0, cache_dir=str(cache),
+                        index_workspace=False, **kw)
+    svc = CompletionService(settings)
+    svc.start([])
+    assert svc.wait_ready(120), svc.load_error
+    return svc
+
+
+def decode_delta(svc, doc, text, offset):
+    before = svc.stats()
+    c = svc.submit(doc, text, offset).future.result(120)
+    after = svc.stats()
+    return c, after["generated_tokens"] - before["generated_tokens"], after["decode_steps"] - before["decode_steps"]
+
+
+def test_the_models_own_output_drafts_the_next_request_at_the_same_place(tiny_models, tmp_path):
+    svc = start(tiny_models["random"], tmp_path, draft_exclude=("suffix", "recycle"))
+    try:
+        truth = greedy(tiny_models["random"], BEFORE, AFTER, 16)
+        first, tokens, steps = decode_delta(svc, "mem://a.py", BEFORE + AFTER, len(BEFORE))
+        assert first is not None and first.text == truth
+        assert len(svc._outputs) == 1  # stored whether or not the user takes it
+        # the same place again (another document, so nothing is type-through): the output is the draft
+        again, tokens2, steps2 = decode_delta(svc, "mem://b.py", BEFORE + AFTER, len(BEFORE))
+        assert again.text == truth
+        assert tokens2 == tokens and steps2 < steps and tokens2 / steps2 >= 3
+    finally:
+        svc.close()
+
+
+def test_the_learned_acceptance_table_survives_a_restart(tiny_models, tmp_path):
+    svc = start(tiny_models["random"], tmp_path)
+    try:
+        for doc in ("mem://a.py", "mem://b.py", "mem://c.py"):
+            assert svc.submit(doc, BEFORE + AFTER, len(BEFORE)).future.result(120) is not None
+        learned = svc._decoder.acceptance.observations
+        assert learned > 0 and svc.stats()["acceptance_observations"] == learned
+        loaded = svc._loaded
+    finally:
+        svc.close()
+    path, key = table_location(tmp_path, loaded.name, str(loaded.dtype), loaded.device.type)
+    assert AcceptanceModel.load(path, key).observations == learned  # saved at close
+    again = start(tiny_models["random"], tmp_path)
+    try:
+        assert again._decoder.acceptance.observations == learned  # and loaded at start
+    finally:
+        again.close()
+
+
+def test_draft_exclude_setting():
+    s, errors = Settings().update({"draftExclude": ["outputs", "recycle"]})
+    assert s.draft_exclude == ("outputs", "recycle") and not errors
+    s2, errors = s.update({"draftExclude": ["nonsense"]})
+    assert s2.draft_exclude == ("outputs", "recycle") and len(errors) == 1 and "draft sources" in errors[0]
+    assert Settings().update({"draftExclude": "context, suffix"})[0].draft_exclude == ("context", "suffix")
+
+
+def test_stats_name_the_sources_in_use(tiny_models, tmp_path):
+    svc = start(tiny_models["random"], tmp_path, draft_exclude=("workspace",))
+    try:
+        assert svc.stats()["draft_sources"] == ["context", "suffix", "outputs", "recycle"]
+    finally:
+        svc.close()
+    plain = start(tiny_models["random"], tmp_path, draft_budget=0)
+    try:
+        assert plain.stats()["draft_sources"] == []
+        c = plain.submit("mem://a.py", BEFORE + AFTER, len(BEFORE)).future.result(120)
+        assert c.steps == c.tokens  # plain decoding: one token a step
+    finally:
+        plain.close()
