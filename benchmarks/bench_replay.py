@@ -59,6 +59,9 @@ from benchmarks.lsp_client import ServerSession, position_of, server_command, ut
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 DEFAULT_CORPORA = (STDLIB / "json", STDLIB / "email", REPO / "rest_lsp")
 CONFIGS = {"rest": (), "plain": ("--draft-budget", "0")}  # name -> server CLI flags
+# Ablations: REST with one draft source left out (rest_lsp.drafts.SOURCE_NAMES)
+for _source in ("context", "suffix", "outputs", "workspace", "recycle"):
+    CONFIGS[f"rest-no-{_source}"] = ("--draft-exclude", _source)
 MODES = ("line", "typed")
 # Cumulative counters the stats would need for exact per-request deltas (not in the server's stats yet: without
 # them tokens/step and ms/token fall back to each process's running means, warm-up included).
