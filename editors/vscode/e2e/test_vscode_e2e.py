@@ -222,8 +222,8 @@ def browser(tools):
             b.close()
 
 
-def open_workbench(browser, url: str, query: str):
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
+def open_workbench(browser, url: str, query: str, scale: float = 1):
+    page = browser.new_page(viewport={"width": 1280, "height": 800}, device_scale_factor=scale)
     page.goto(url + query)
     expect(page.locator(".monaco-workbench")).to_be_visible(timeout=UI_S * 1000)
     return page
@@ -291,7 +291,7 @@ def test_ghost_text_tab_status_and_stats(tools, browser, tmp_path, shots):
     })
     url = server.start()
     try:
-        page = open_workbench(browser, url, f"?workspace={workspace}")
+        page = open_workbench(browser, url, f"?workspace={workspace}", scale=2)  # sharp screenshots
         item = status_item(page)
         expect(item).to_have_text(re.compile(r"REST ready"), timeout=MODEL_READY_S * 1000)
         # Both folders reached the server, and both were indexed.
@@ -331,7 +331,10 @@ def test_ghost_text_tab_status_and_stats(tools, browser, tmp_path, shots):
         assert resp.get("result") is True, resp
 
         expect(item).to_have_text(re.compile(r"REST \d+\.\d tok/step · \d+ ms/tok"), timeout=UI_S * 1000)
-        item.screenshot(path=str(shots / "vscode-status-bar.png"))
+        # The status bar's right half, with the last lines of the editor above it.
+        box = item.bounding_box()
+        page.screenshot(path=str(shots / "vscode-status-bar.png"),
+                        clip={"x": 640, "y": box["y"] - 80, "width": 640, "height": 800 - (box["y"] - 80)})
 
         run_command(page, "REST LSP: Show Stats")
         dialog = page.locator(".monaco-dialog-box")
