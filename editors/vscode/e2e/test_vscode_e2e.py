@@ -130,8 +130,14 @@ class CodeServer:
         self.bin = tools["code_server"]
         self.data = root / "user-data"
         self.extensions = root / "extensions"
-        (self.data / "User").mkdir(parents=True)
-        (self.data / "User" / "settings.json").write_text(json.dumps({**EDITOR_SETTINGS, **settings}, indent=2))
+        # code-server's windows are remote windows: the machine-scoped settings (which program runs) are read from
+        # the remote machine's settings (Machine/), as in VS Code's Remote-SSH; in the user settings VS Code drops
+        # them at the first configuration change (seen: a restart with the default command).
+        machine = {k: v for k, v in settings.items() if k.startswith("restLsp.server.")}
+        user = {k: v for k, v in settings.items() if k not in machine}
+        for folder, values in (("User", {**EDITOR_SETTINGS, **user}), ("Machine", machine)):
+            (self.data / folder).mkdir(parents=True)
+            (self.data / folder / "settings.json").write_text(json.dumps(values, indent=2))
         self.log = root / "code-server.log"
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -276,7 +282,7 @@ def ghost_text(page) -> str | None:
     return "\n".join([found["inline"], *found["lines"]])
 
 
-def test_ghost_text_tab_status_and_stats(tools, browser, tmp_path, shots):
+def test_ghost_text_tab_status_stats_settings_and_toggle(tools, browser, tmp_path, shots):
     main, other = tmp_path / "shapes", tmp_path / "units"
     main.mkdir()
     other.mkdir()
@@ -350,6 +356,37 @@ def test_ghost_text_tab_status_and_stats(tools, browser, tmp_path, shots):
         assert f"documents: {stats['documents']}" in text, text
         dialog.screenshot(path=str(shots / "vscode-stats.png"))
         page.keyboard.press("Escape")
+        expect(dialog).to_be_hidden(timeout=UI_S * 1000)
+
+        # A setting changed in the Settings editor reaches the running server, under the server's name.
+        run_command(page, "Preferences: Open User Settings")
+        expect(page.locator(".settings-editor")).to_be_visible(timeout=UI_S * 1000)
+        page.keyboard.type("restLsp.maxNewTokens")
+        field = page.locator(".settings-editor .setting-item-number input")
+        expect(field).to_have_count(1, timeout=UI_S * 1000)
+        field.fill("16")
+        wait_until(lambda: any(m.get("method") == "workspace/didChangeConfiguration"
+                               and (m["params"].get("settings") or {}).get("max_new_tokens") == 16
+                               for d, m in tap.messages() if d == "client->server"),
+                   UI_S, "workspace/didChangeConfiguration with max_new_tokens 16")
+        settings_file = server.data / "User" / "settings.json"
+        assert json.loads(settings_file.read_text()).get("restLsp.maxNewTokens") == 16
+
+        # Toggle turns completions off: the setting is saved, the server is shut down, the status bar says so.
+        run_command(page, "REST LSP: Toggle Completions")
+        expect(item).to_have_text(re.compile(r"REST off"), timeout=UI_S * 1000)
+        wait_until(lambda: json.loads(settings_file.read_text()).get("restLsp.enable") is False, UI_S,
+                   "restLsp.enable: false in the user settings")
+        wait_until(lambda: any(m.get("method") == "exit" for d, m in tap.messages() if d == "client->server"),
+                   UI_S, "the server to be told to exit")
+
+        # The server's log lines keep their level in the "REST LSP" output: "model ready" is no error.
+        def output_log() -> str:
+            found = sorted(server.data.glob("logs/*/exthost*/rest-lsp.rest-lsp/REST LSP.log"))
+            return found[-1].read_text() if found else ""
+        wait_until(lambda: re.search(r"\[info\] \[server\] rest_lsp\.server: .*ready", output_log()), UI_S,
+                   "the server's 'model ready' record at [info] in the REST LSP output")
+        assert "[error]" not in output_log(), output_log()
     finally:
         server.stop()
 

@@ -2,6 +2,8 @@
 // acceptances. The logic worth testing lives in settings.ts, status.ts and stats.ts.
 
 import * as fs from "node:fs";
+import * as readline from "node:readline";
+import type { Readable } from "node:stream";
 import * as vscode from "vscode";
 import {
   CancellationToken,
@@ -17,6 +19,7 @@ import {
   State,
 } from "vscode-languageclient/node";
 import { classifyChange, documentSelector, readSettings, RestLspSettings, serverLaunch, serverOptions } from "./settings";
+import { ServerLogReader } from "./serverlog";
 import { checkProgram, LaunchProblem, Probe, startFailureMessage } from "./startup";
 import { formatStats, modelSettled, speedFromStats, stateFromStats } from "./stats";
 import { ProgressTracker, ServerState, Speed, statusText } from "./status";
@@ -42,6 +45,9 @@ const probe: Probe = (file) => {
     return "not-executable";
   }
 };
+
+const eachLine = (input: Readable, handle: (line: string) => void) =>
+  readline.createInterface({ input, crlfDelay: Infinity, terminal: false, historySize: 0 }).on("line", handle);
 
 /** A language client that leaves start-up failures to the extension, which reports each once, with its fix:
  *  left alone, the client adds notices of its own ("couldn't create connection", "connection got closed"). */
@@ -139,6 +145,16 @@ class RestLspExtension implements vscode.Disposable {
       // A server that dies while starting is reported by failToStart, and not restarted in a loop.
       initializationFailedHandler: () => false,
       errorHandler: this.errorHandler(() => client),
+      stdioOptions: {
+        stdout: (input, channel) => eachLine(input, (line) => channel.info(line)),
+        stderr: (input, channel) => {
+          const reader = new ServerLogReader();
+          eachLine(input, (line) => {
+            const { level, text } = reader.line(line);
+            channel[level](text);
+          });
+        },
+      },
     };
     client = new RestLanguageClient("restLsp", "REST LSP", serverOpts, clientOpts);
     client.onDidChangeState((e) => {
