@@ -422,7 +422,14 @@ def test_a_server_that_does_not_start_says_why_and_how_to_fix_it(tools, browser,
             assert "does not exist" in message, message
         else:
             assert "stopped before it answered" in message and 'the "REST LSP" output' in message, message
+        # code-server's window is remote: machine settings are read from the Remote settings, and the notice says so.
+        assert message.endswith("in the Remote settings (Preferences: Open Remote Settings)."), message
         buttons = toasts.first.locator(".monaco-button").all_inner_texts()
         assert "Open Settings" in buttons and "Show Output" in buttons, buttons
+        toasts.first.locator(".monaco-button", has_text="Open Settings").click()
+        # The settings editor opens on the server settings, where the fix goes.
+        row = page.locator(".settings-editor .setting-item-contents").filter(has_text="restLsp.server.command")
+        expect(row.or_(page.locator(".settings-editor .setting-item-contents").filter(has_text="Server: Command"))
+               .first).to_be_visible(timeout=UI_S * 1000)
     finally:
         server.stop()

@@ -189,14 +189,16 @@ class RestLspExtension implements vscode.Disposable {
 
   /** The status bar turns red, and one notice says what failed and what to set. */
   private failToStart(problem: LaunchProblem): void {
-    const message = startFailureMessage(this.settings, serverLaunch(this.settings), problem);
+    const remote = vscode.env.remoteName !== undefined;
+    const message = startFailureMessage(this.settings, serverLaunch(this.settings), problem, remote);
     this.output.error(`[client] ${message}`);
     this.setState({ kind: "error", message });
     const settingsButton = "Open Settings";
     const logButton = "Show Output";
     void vscode.window.showErrorMessage(message, settingsButton, logButton).then((choice) => {
       if (choice === settingsButton) {
-        void vscode.commands.executeCommand("workbench.action.openSettings", "restLsp.server");
+        const command = remote ? "workbench.action.openRemoteSettings" : "workbench.action.openSettings";
+        void vscode.commands.executeCommand(command, { query: "restLsp.server" });
       } else if (choice === logButton) {
         this.output.show();
       }

@@ -36,13 +36,21 @@ const firstLine = (text: string, max = 160) => {
 };
 
 /** One sentence: what went wrong, then what to set (and where) to fix it. */
-export function startFailureMessage(settings: RestLspSettings, launch: Launch, problem: LaunchProblem): string {
+/** `remote`: the window is remote (SSH, WSL, a container, code-server), where VS Code reads these machine-scoped
+ *  settings from the Remote settings only. */
+export function startFailureMessage(
+  settings: RestLspSettings,
+  launch: Launch,
+  problem: LaunchProblem,
+  remote = false,
+): string {
   const usesPython = settings.python !== "";
   const setting = usesPython ? "restLsp.server.python" : "restLsp.server.command";
+  const where = remote ? "in the Remote settings (Preferences: Open Remote Settings)" : "in your user settings";
   const fix = usesPython
-    ? "set restLsp.server.python in your user settings to a Python that has rest-lsp installed"
+    ? `set restLsp.server.python ${where} to a Python that has rest-lsp installed`
     : "install rest-lsp (pip install . in its checkout), or set restLsp.server.command to its full path " +
-      "(or restLsp.server.python to the Python that has it) in your user settings";
+      `(or restLsp.server.python to the Python that has it) ${where}`;
   switch (problem.kind) {
     case "missing": {
       const where = problem.program.includes("/") || problem.program.includes("\\")

@@ -44,3 +44,11 @@ test("a long error is cut to its first line", () => {
   assert.ok(message.length < 500, message);
   assert.ok(!message.includes("second line"), message);
 });
+
+test("in a remote window the fix names the Remote settings, where VS Code reads machine settings", () => {
+  const local = startFailureMessage(DEFAULT_SETTINGS, serverLaunch(DEFAULT_SETTINGS), { kind: "missing", program: "rest-lsp" });
+  const remote = startFailureMessage(DEFAULT_SETTINGS, serverLaunch(DEFAULT_SETTINGS), { kind: "missing", program: "rest-lsp" }, true);
+  assert.match(local, /in your user settings\.$/);
+  assert.match(remote, /in the Remote settings \(Preferences: Open Remote Settings\)\.$/);
+  assert.equal(sentences(remote), 1, remote);
+});
