@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 PY=${PY:-$REPO/.venv/bin/python}
-CACHE=${REST_LSP_CI_CACHE:-$HOME/.cache/rest-lsp-ci}
+CACHE=${REST_LSP_CI_CACHE:-${HOME:-/root}/.cache/rest-lsp-ci}
 CODE_SERVER_VERSION=4.96.4
 CS_DIR=$CACHE/code-server-$CODE_SERVER_VERSION
 CS_BIN=$CS_DIR/node_modules/.bin/code-server

@@ -208,6 +208,19 @@ class Tap:
                 if req["params"].get("command") == command]
 
 
+def indexed(tap: Tap) -> set[str]:
+    """The titles of the server's work-done progress (one per workspace folder) that have ended."""
+    begun, ended = {}, set()
+    for d, m in tap.messages():
+        if d == "server->client" and m.get("method") == "$/progress":
+            value = m["params"]["value"]
+            if value.get("kind") == "begin":
+                begun[m["params"]["token"]] = value.get("title")
+            elif value.get("kind") == "end":
+                ended.add(m["params"]["token"])
+    return {title for token, title in begun.items() if token in ended}
+
+
 def server_launcher(folder: Path, tap_log: Path) -> Path:
     """An executable that VS Code runs as restLsp.server.command: the tap, with this venv's server behind it."""
     script = folder / "rest-lsp-tapped"
@@ -304,6 +317,8 @@ def test_ghost_text_tab_status_stats_settings_and_toggle(tools, browser, tmp_pat
         init = wait_until(lambda: tap.exchanges("initialize"), UI_S, "the initialize request")[0][0]
         folders = sorted(Path(f["uri"].removeprefix("file://")).name for f in init["params"]["workspaceFolders"])
         assert folders == ["shapes", "units"], folders
+        wait_until(lambda: indexed(tap) == {"Indexing shapes", "Indexing units"}, MODEL_READY_S,
+                   "both folders to be indexed ($/progress from begin to end for each)")
 
         line = SHAPES.count("\n")  # the empty last line, 0-based
         open_file(page, "shapes.py", line + 1)
