@@ -35,7 +35,8 @@ case "${1:-}" in
     test)
         setup
         "$PY" -m pytest -q tests
-        bash .ci/editors.sh
+        bash .ci/editors.sh      # the VS Code extension: compile, unit tests, .vsix
+        bash .ci/vscode-e2e.sh   # ... and in a real VS Code (code-server + headless Chromium), installed once
         ;;
     *)
         echo "usage: ./dev.sh demo | ./dev.sh test" >&2

@@ -1,10 +1,16 @@
 // Wires the rest-lsp server into VS Code: starts it, shows its state in the status bar, and forwards
 // acceptances. The logic worth testing lives in settings.ts, status.ts and stats.ts.
 
+import * as fs from "node:fs";
+import * as readline from "node:readline";
+import type { Readable } from "node:stream";
 import * as vscode from "vscode";
 import {
   CancellationToken,
+  CloseAction,
   DidChangeConfigurationNotification,
+  ErrorAction,
+  ErrorHandler,
   ExecuteCommandRequest,
   LanguageClient,
   LanguageClientOptions,
@@ -13,6 +19,8 @@ import {
   State,
 } from "vscode-languageclient/node";
 import { classifyChange, documentSelector, readSettings, RestLspSettings, serverLaunch, serverOptions } from "./settings";
+import { ServerLogReader } from "./serverlog";
+import { checkProgram, LaunchProblem, Probe, startFailureMessage } from "./startup";
 import { formatStats, modelSettled, speedFromStats, stateFromStats } from "./stats";
 import { ProgressTracker, ServerState, Speed, statusText } from "./status";
 
@@ -23,6 +31,33 @@ const SERVER_STATS = "rest-lsp.stats";
 // not list its commands in `executeCommandProvider`, and so that the status bar refreshes after it.
 const FORWARD_ACCEPT = "restLsp.accept";
 const MODEL_POLL_MS = 1000;
+
+const probe: Probe = (file) => {
+  try {
+    if (!fs.statSync(file).isFile()) return "missing";
+  } catch {
+    return "missing";
+  }
+  try {
+    fs.accessSync(file, fs.constants.X_OK);
+    return "ok";
+  } catch {
+    return "not-executable";
+  }
+};
+
+const eachLine = (input: Readable, handle: (line: string) => void) =>
+  readline.createInterface({ input, crlfDelay: Infinity, terminal: false, historySize: 0 }).on("line", handle);
+
+/** A language client that leaves start-up failures to the extension, which reports each once, with its fix:
+ *  left alone, the client adds notices of its own ("couldn't create connection", "connection got closed"). */
+class RestLanguageClient extends LanguageClient {
+  starting = true;
+
+  override error(message: string, data?: unknown, showNotification: boolean | "force" = true): void {
+    super.error(message, data, this.starting ? false : showNotification);
+  }
+}
 
 class RestLspExtension implements vscode.Disposable {
   private client: LanguageClient | undefined;
@@ -95,14 +130,33 @@ class RestLspExtension implements vscode.Disposable {
       return;
     }
     const launch = serverLaunch(this.settings);
+    const missing = checkProgram(launch.command, process.env.PATH, probe);
+    if (missing !== undefined) {
+      this.failToStart(missing);
+      return;
+    }
     const serverOpts: ServerOptions = { command: launch.command, args: launch.args };
+    let client: RestLanguageClient | undefined;
     const clientOpts: LanguageClientOptions = {
       documentSelector: documentSelector(this.settings.languages),
       initializationOptions: serverOptions(this.settings),
       outputChannel: this.output,
       middleware: this.middleware(),
+      // A server that dies while starting is reported by failToStart, and not restarted in a loop.
+      initializationFailedHandler: () => false,
+      errorHandler: this.errorHandler(() => client),
+      stdioOptions: {
+        stdout: (input, channel) => eachLine(input, (line) => channel.info(line)),
+        stderr: (input, channel) => {
+          const reader = new ServerLogReader();
+          eachLine(input, (line) => {
+            const { level, text } = reader.line(line);
+            channel[level](text);
+          });
+        },
+      },
     };
-    const client = new LanguageClient("restLsp", "REST LSP", serverOpts, clientOpts);
+    client = new RestLanguageClient("restLsp", "REST LSP", serverOpts, clientOpts);
     client.onDidChangeState((e) => {
       if (e.newState === State.Stopped && !this.stopping && this.client === client) {
         this.setState({ kind: "error", message: "The rest-lsp server stopped." });
@@ -115,15 +169,40 @@ class RestLspExtension implements vscode.Disposable {
     this.output.info(`[client] starting: ${launch.command} ${launch.args.join(" ")}`);
     try {
       await client.start();
+      client.starting = false;
       void this.watchModel(client);
     } catch (err) {
-      const message = err instanceof Error ? err.message : String(err);
-      this.output.error(`[client] the server did not start: ${message}`);
-      this.setState({
-        kind: "error",
-        message: `The rest-lsp server did not start (${launch.command}): ${message}`,
-      });
+      // `starting` stays true: the failed client's late notices ("connection is erroring") stay quiet too.
+      this.failToStart({ kind: "failed", detail: err instanceof Error ? err.message : String(err) });
     }
+  }
+
+  private errorHandler(client: () => RestLanguageClient | undefined): ErrorHandler {
+    let fallback: ErrorHandler | undefined;
+    const usual = () => (fallback ??= client()!.createDefaultErrorHandler());
+    return {
+      error: (error, message, count) =>
+        client()?.starting ? { action: ErrorAction.Shutdown, handled: true } : usual().error(error, message, count),
+      closed: () => (client()?.starting ? { action: CloseAction.DoNotRestart, handled: true } : usual().closed()),
+    };
+  }
+
+  /** The status bar turns red, and one notice says what failed and what to set. */
+  private failToStart(problem: LaunchProblem): void {
+    const remote = vscode.env.remoteName !== undefined;
+    const message = startFailureMessage(this.settings, serverLaunch(this.settings), problem, remote);
+    this.output.error(`[client] ${message}`);
+    this.setState({ kind: "error", message });
+    const settingsButton = "Open Settings";
+    const logButton = "Show Output";
+    void vscode.window.showErrorMessage(message, settingsButton, logButton).then((choice) => {
+      if (choice === settingsButton) {
+        const command = remote ? "workbench.action.openRemoteSettings" : "workbench.action.openSettings";
+        void vscode.commands.executeCommand(command, { query: "restLsp.server" });
+      } else if (choice === logButton) {
+        this.output.show();
+      }
+    });
   }
 
   private async stopNow(): Promise<void> {

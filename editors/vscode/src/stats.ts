@@ -23,8 +23,13 @@ export function speedFromStats(stats: unknown): Speed {
   };
 }
 
-function formatValue(v: unknown): string {
-  if (typeof v === "number") return Number.isInteger(v) ? v.toLocaleString("en-US") : v.toFixed(2);
+// Means and times are measurements: always two decimals, so that a mean of exactly 1 reads "1.00", not a count.
+const isMeasurement = (key: string) => key.startsWith("mean_") || key.endsWith("_ms");
+
+function formatValue(key: string, v: unknown): string {
+  if (typeof v === "number") {
+    return Number.isInteger(v) && !isMeasurement(key) ? v.toLocaleString("en-US") : v.toFixed(2);
+  }
   if (v === null || v === undefined) return "-";
   if (typeof v === "string") return v;
   return JSON.stringify(v);
@@ -38,7 +43,7 @@ export function formatStats(stats: unknown): string[] {
     for (const [key, value] of Object.entries(obj)) {
       const label = prefix + key.replace(/_/g, " ");
       if (isRecord(value)) walk(value, `${label}.`);
-      else lines.push(`${label}: ${formatValue(value)}`);
+      else lines.push(`${label}: ${formatValue(key, value)}`);
     }
   };
   walk(stats, "");

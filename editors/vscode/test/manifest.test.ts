@@ -8,7 +8,7 @@ import { DEFAULT_SETTINGS, readSettings } from "../src/settings";
 // Compiled to out/test/, so the manifest and sources are two folders up.
 const root = join(__dirname, "..", "..");
 const manifest = JSON.parse(readFileSync(join(root, "package.json"), "utf8"));
-const properties: Record<string, { default: unknown }> = manifest.contributes.configuration.properties;
+const properties: Record<string, { default: unknown; scope?: string }> = manifest.contributes.configuration.properties;
 
 test("every declared setting is read, and its declared default is the code's default", () => {
   const asked = new Set<string>();
@@ -28,4 +28,10 @@ test("every declared command is registered by the extension, and the entry point
   }
   assert.equal(manifest.main, "./out/src/extension.js");
   assert.ok(source.includes("export async function activate"));
+});
+
+test("the settings that choose which program runs are machine-scoped, and only those", () => {
+  // A repository's .vscode/settings.json must not be able to make VS Code run another program (README).
+  const machine = Object.keys(properties).filter((key) => properties[key].scope === "machine").sort();
+  assert.deepEqual(machine, ["restLsp.server.command", "restLsp.server.extraArgs", "restLsp.server.python"]);
 });

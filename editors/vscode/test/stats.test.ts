@@ -78,3 +78,14 @@ test("the model is settled once loaded or failed; an answer without `ready` is n
   assert.equal(modelSettled({ documents: 3 }), true);
   assert.equal(modelSettled(null), true);
 });
+
+test("a mean or a time that happens to be whole still reads as a measurement, a count stays a count", () => {
+  // JSON turns the server's 1.0 into 1: the dialog showed "mean tokens per step: 1" in code-server.
+  const lines = formatStats({ completions_served: 2, mean_tokens_per_step: 1, mean_ms_per_token: 200, last_latency_ms: 313 });
+  assert.deepEqual(lines, [
+    "completions served: 2",
+    "mean tokens per step: 1.00",
+    "mean ms per token: 200.00",
+    "last latency ms: 313.00",
+  ]);
+});
