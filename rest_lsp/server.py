@@ -129,7 +129,7 @@ class _Events:
         if root not in self.tokens:
             return
         token, _ = self.tokens.pop(root)
-        summary = f"{stats.get('documents', '?')} files, {stats.get('tokens', '?')} tokens" if stats else "done"
+        summary = f"{stats.get('files', '?')} files, {stats.get('tokens', '?')} tokens" if stats else "done"
         self._call(self.ls.work_done_progress.end, token, types.WorkDoneProgressEnd(message=summary))
 
 

@@ -29,3 +29,40 @@ def test_null_without_defaults_is_the_built_in_value():
     # a wrong type is still one sentence, and the previous value stays
     s, errors = Settings(model="/m").update({"model": 3}, Settings(model="/cli"))
     assert s.model == "/m" and len(errors) == 1 and "'model'" in errors[0]
+
+
+def test_indexing_end_reports_the_indexers_counts():
+    """The progress end message reads the keys the indexer's build() returns (was '? files')."""
+    import asyncio
+
+    from rest_lsp.datastore import Datastore, WorkspaceIndex
+    from rest_lsp.server import _Events
+
+    ended = []
+
+    class Progress:
+        def end(self, token, value):
+            ended.append(value.message)
+
+    class FakeServer:
+        work_done_progress = Progress()
+
+    loop = asyncio.new_event_loop()
+    try:
+        events = _Events(FakeServer(), loop)
+        events.tokens["/ws"] = ("tok", 100)
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "a.py").write_text("x = 1\n")
+            index = WorkspaceIndex(Path(d), Datastore(), lambda texts: [[1, 2, 3] for _ in texts], "k",
+                                   cache_dir=Path(d) / ".cache")
+            stats = index.build()
+            index.stop()
+        events.index_end("/ws", stats)
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+    finally:
+        loop.close()
+    assert ended == ["1 files, 3 tokens"]
