@@ -171,6 +171,8 @@ def test_a_folder_replaced_in_one_batch_takes_its_files_out(ws, replacement):
     assert follows(ds, "KEEPMARKER") == {" kept\n"}
     assert (follows(ds, "PLAINFILE") == {" now\n"}) == (replacement == "file")
     assert_consistent(ds)
+    index._on_paths({str(root)})                # the root's own event (its entries changed) removes nothing
+    assert follows(ds, "KEEPMARKER") == {" kept\n"}
 
 
 # --- 5. watcher overflow, whatever the log level ---------------------------------------------------------------

@@ -242,7 +242,9 @@ class WorkspaceIndex:
                 if self._reload_ignore_file(rel):
                     return
                 continue
-            if rel == "" or self.rules.ignored(rel, os.path.isdir(path)):
+            if rel == "":
+                continue                  # the root itself: its entries have events of their own
+            if self.rules.ignored(rel, os.path.isdir(path)):
                 gone.extend(self._known_at_or_below(path))
                 continue
             if os.path.isdir(path) and not os.path.islink(path):
