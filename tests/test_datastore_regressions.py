@@ -605,3 +605,19 @@ def test_capped_sampling_returns_real_continuations_in_proportion(seed):
         p = count / total
         # An even spread over rows sorted by what precedes them samples like a random draw, or better.
         assert abs(sampled.get(cont, 0) / n - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 2 / n, (cont, sampled, truth)
+
+
+def test_installing_a_segment_whose_name_is_taken_gives_it_a_name_of_its_own():
+    from rest_lsp.datastore.segment import build_segment
+
+    a = build_segment([("a1", np.array([1, 2], dtype=np.uint32), 3), ("b1", np.array([3, 4], dtype=np.uint32), 3)])
+    ds = Datastore(background_merges=False)
+    ds.install([a.without([1])])                   # root A's copy: b1 is not A's
+    ds.install([a.without([0])])                   # root B's copy of the same file, same name
+    assert_consistent(ds)
+    assert ds.lookup([1]).continuations == [((2,), 1)] and ds.lookup([3]).continuations == [((4,), 1)]
+    ds.remove("a1")
+    assert ds.lookup([1]).match_length == 0 and ds.lookup([3]).continuations == [((4,), 1)]
+    ds.merge_all()
+    assert ds.lookup([3]).continuations == [((4,), 1)]
+    assert_consistent(ds)
