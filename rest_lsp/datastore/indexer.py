@@ -177,7 +177,7 @@ class WorkspaceIndex:
                 try:
                     toks = as_tokens(path, toks)
                 except ValueError as err:        # one odd document must not stop the others
-                    log.warning("Not indexing %s: %s", path, err)
+                    log.warning("Not indexed: %s", err)
                     self._skipped[path] = sig
                     if path in self._files:
                         gone.append(path)

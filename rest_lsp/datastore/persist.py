@@ -4,6 +4,9 @@ A save writes the segments the folder lacks, then a new manifest under a tempora
 renames it over the old one. A crash at any point leaves the old manifest and the segments it names
 intact; files no manifest names are removed by the next save or load. The manifest records the
 tokenizer and the format, so a change of either discards the folder's contents.
+
+What is loaded is checked (shapes, ranges, a crc32 of every array): a damaged folder is cleared and
+rebuilt from the disk, with one log line, never served and never a crash.
 """
 
 from __future__ import annotations
