@@ -362,7 +362,7 @@ def test_stop_while_the_watcher_tokenizes_a_batch_does_not_deadlock(ws, monkeypa
     start_watching_caught_up(index, monkeypatch)
     started.append(1)
     with outer:
-        (root / "a.txt").write_text("two\n")
+        write_whole(root / "a.txt", "two\n")          # never read half-written
         assert tokenizing.wait(WAIT_S), "the watcher never read the change"
         stopper = threading.Thread(target=index.stop, daemon=True)
         stopper.start()
@@ -473,7 +473,7 @@ def test_a_context_holding_an_invalid_id_matches_on_its_valid_suffix():
     assert {c for c, _ in ds.continuations([9, SEP_ID, 5])} == {(MAX_TOKEN_ID, 6), (9,)}
 
 
-# --- 11. signatures, accepted documents, ignore files, polling ---------------------------------------------------------
+# --- 11. signatures, accepted documents, ignore files, polling -------------------------------------------------
 def test_a_same_size_rewrite_within_one_timestamp_tick_is_seen(ws, monkeypatch):
     root, cache = ws
     f = root / "a.txt"
@@ -556,7 +556,7 @@ def test_the_polling_fallback_never_lists_ignored_folders(ws, monkeypatch):
     assert ignored == []
 
 
-# --- issue 12, item 7: the default capped-occurrence path ----------------------------------------------------------------
+# --- issue 12, item 7: the default capped-occurrence path ------------------------------------------------------
 def _true_counts(docs: dict[str, list[int]], pattern: list[int], length: int) -> dict[tuple[int, ...], int]:
     k, counts = len(pattern), {}
     for t in docs.values():

@@ -159,7 +159,8 @@ class IndexFolder:
         _fsync(tmp)
         os.replace(tmp, self.folder / f"{stem}.meta.npz")
         # The doc list goes last: its presence means the segment is complete. It holds the arrays' checksums.
-        info = {"docs": list(seg.doc_ids), "crc": _checksums(seg.tokens, seg.rsa, {k: getattr(seg, k) for k in _TABLES})}
+        crc = _checksums(seg.tokens, seg.rsa, {k: getattr(seg, k) for k in _TABLES})
+        info = {"docs": list(seg.doc_ids), "crc": crc}
         _write_bytes(self.folder / f"{stem}.docs.tmp", json.dumps(info).encode())
         os.replace(self.folder / f"{stem}.docs.tmp", self.folder / f"{stem}.docs.json")
 
