@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_datastore_workspace import WAIT_S, Changes, byte_tokenize, follows, make_index, toks
+from test_datastore_workspace import (WAIT_S, Changes, byte_tokenize, follows, make_index, start_watching_caught_up,
+                                     toks, write_whole)
 
 from rest_lsp.datastore import Datastore, Source, WorkspaceIndex
 from rest_lsp.datastore import indexer as indexer_module
@@ -37,23 +38,6 @@ def assert_consistent(ds: Datastore) -> None:
     assert set(live) == set(ds.doc_ids())
     assert ds.stats()["documents"] == len(live)
     assert len({s.name for s in ds.segments()}) == len(ds.segments()), "two segments share a name"
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write so that the watcher never reads a half-written file: a temp file moved into place."""
-    tmp = path.parent.parent / f".{path.name}.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def start_watching_caught_up(index: WorkspaceIndex, monkeypatch) -> threading.Semaphore:
-    """Start watching, and return once the catch-up rescan has run; the semaphore counts later rescans."""
-    rescans = threading.Semaphore(0)
-    real_rescan = index.rescan
-    monkeypatch.setattr(index, "rescan", lambda: (real_rescan(), rescans.release())[0])
-    index.start_watching()
-    assert rescans.acquire(timeout=WAIT_S), "no catch-up rescan when watching started"
-    return rescans
 
 
 # --- 1. multi-root workspaces --------------------------------------------------------------------------------

@@ -59,6 +59,24 @@ def make_index(root: Path, cache: Path, **kw) -> tuple[WorkspaceIndex, Datastore
     return WorkspaceIndex(root, ds, byte_tokenize, "bytes-v1", cache_dir=cache, **kw), ds
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write so that the watcher never reads a half-written file: a temp file moved into place."""
+    tmp = path.parent.parent / f".{path.name}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def start_watching_caught_up(index: WorkspaceIndex, monkeypatch) -> threading.Semaphore:
+    """Start watching, and return once the catch-up rescan has run (it would race with the test's first
+    writes); the semaphore counts later rescans."""
+    rescans = threading.Semaphore(0)
+    real_rescan = index.rescan
+    monkeypatch.setattr(index, "rescan", lambda: (real_rescan(), rescans.release())[0])
+    index.start_watching()
+    assert rescans.acquire(timeout=WAIT_S), "no catch-up rescan when watching started"
+    return rescans
+
+
 @pytest.fixture
 def ws(tmp_path):
     root = tmp_path / "ws"
@@ -117,14 +135,14 @@ def test_indexes_text_and_skips_what_must_be_skipped(ws, tmp_path):
     assert all(p.startswith(str(root) + os.sep) for p in ds.doc_ids())
 
 
-def test_watcher_follows_add_change_rename_delete(ws):
+def test_watcher_follows_add_change_rename_delete(ws, monkeypatch):
     root, cache = ws
     (root / "a.py").write_text("first_version = 1\n")
     changes = Changes()
     index, ds = make_index(root, cache, on_change=changes)
     index.build()
     changes.seen.clear()
-    index.start_watching()
+    start_watching_caught_up(index, monkeypatch)
     try:
         new = root / "pkg" / "b.py"
         new.parent.mkdir()
@@ -164,15 +182,15 @@ def test_watcher_follows_add_change_rename_delete(ws):
         index.stop()
 
 
-def test_polling_fallback_still_follows_changes(ws):
+def test_polling_fallback_still_follows_changes(ws, monkeypatch):
     root, cache = ws
     changes = Changes()
     index, ds = make_index(root, cache, on_change=changes, polling=True)
     index.build()
-    index.start_watching()
+    start_watching_caught_up(index, monkeypatch)
     try:
         assert index.watching_by_polling
-        (root / "p.py").write_text("polled_file = 1\n")
+        write_whole(root / "p.py", "polled_file = 1\n")
         changes.wait_for(root / "p.py")
         assert follows(ds, "polled_fi") == {"le = 1\n"}
     finally:
@@ -214,13 +232,6 @@ def test_restart_loads_the_saved_index_without_retokenizing(ws):
     assert sum(calls) == 19
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Write so that the watcher never reads a half-written file: a temp file moved into place."""
-    tmp = path.parent.parent / f".{path.name}.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def wait_for_paths(changes: Changes, *paths: Path) -> None:
     with changes.cond:
         assert changes.cond.wait_for(lambda: all(str(p) in changes.seen for p in paths), WAIT_S), \
@@ -228,7 +239,7 @@ def wait_for_paths(changes: Changes, *paths: Path) -> None:
         changes.seen.clear()
 
 
-def test_symlinks_are_never_followed_by_the_watcher(ws, tmp_path):
+def test_symlinks_are_never_followed_by_the_watcher(ws, tmp_path, monkeypatch):
     root, cache = ws
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -241,7 +252,7 @@ def test_symlinks_are_never_followed_by_the_watcher(ws, tmp_path):
     index, ds = make_index(root, cache, on_change=changes)
     index.build()
     changes.seen.clear()
-    index.start_watching()
+    start_watching_caught_up(index, monkeypatch)
     try:
         (root / "link_in.py").symlink_to(root / "pkg" / "real.py")
         (root / "link_out.py").symlink_to(outside / "secret.py")
