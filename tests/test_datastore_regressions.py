@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_datastore_workspace import WAIT_S, Changes, byte_tokenize, follows, make_index, toks
+from test_datastore_workspace import (WAIT_S, Changes, byte_tokenize, follows, make_index, start_watching_caught_up,
+                                     toks, write_whole)
 
 from rest_lsp.datastore import Datastore, Source, WorkspaceIndex
 from rest_lsp.datastore import indexer as indexer_module
@@ -37,23 +38,6 @@ def assert_consistent(ds: Datastore) -> None:
     assert set(live) == set(ds.doc_ids())
     assert ds.stats()["documents"] == len(live)
     assert len({s.name for s in ds.segments()}) == len(ds.segments()), "two segments share a name"
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write so that the watcher never reads a half-written file: a temp file moved into place."""
-    tmp = path.parent.parent / f".{path.name}.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def start_watching_caught_up(index: WorkspaceIndex, monkeypatch) -> threading.Semaphore:
-    """Start watching, and return once the catch-up rescan has run; the semaphore counts later rescans."""
-    rescans = threading.Semaphore(0)
-    real_rescan = index.rescan
-    monkeypatch.setattr(index, "rescan", lambda: (real_rescan(), rescans.release())[0])
-    index.start_watching()
-    assert rescans.acquire(timeout=WAIT_S), "no catch-up rescan when watching started"
-    return rescans
 
 
 # --- 1. multi-root workspaces --------------------------------------------------------------------------------
@@ -171,6 +155,8 @@ def test_a_folder_replaced_in_one_batch_takes_its_files_out(ws, replacement):
     assert follows(ds, "KEEPMARKER") == {" kept\n"}
     assert (follows(ds, "PLAINFILE") == {" now\n"}) == (replacement == "file")
     assert_consistent(ds)
+    index._on_paths({str(root)})                # the root's own event (its entries changed) removes nothing
+    assert follows(ds, "KEEPMARKER") == {" kept\n"}
 
 
 # --- 5. watcher overflow, whatever the log level ---------------------------------------------------------------
@@ -360,7 +346,7 @@ def test_stop_while_the_watcher_tokenizes_a_batch_does_not_deadlock(ws, monkeypa
     start_watching_caught_up(index, monkeypatch)
     started.append(1)
     with outer:
-        (root / "a.txt").write_text("two\n")
+        write_whole(root / "a.txt", "two\n")          # never read half-written
         assert tokenizing.wait(WAIT_S), "the watcher never read the change"
         stopper = threading.Thread(target=index.stop, daemon=True)
         stopper.start()
@@ -471,7 +457,7 @@ def test_a_context_holding_an_invalid_id_matches_on_its_valid_suffix():
     assert {c for c, _ in ds.continuations([9, SEP_ID, 5])} == {(MAX_TOKEN_ID, 6), (9,)}
 
 
-# --- 11. signatures, accepted documents, ignore files, polling ---------------------------------------------------------
+# --- 11. signatures, accepted documents, ignore files, polling -------------------------------------------------
 def test_a_same_size_rewrite_within_one_timestamp_tick_is_seen(ws, monkeypatch):
     root, cache = ws
     f = root / "a.txt"
@@ -554,7 +540,7 @@ def test_the_polling_fallback_never_lists_ignored_folders(ws, monkeypatch):
     assert ignored == []
 
 
-# --- issue 12, item 7: the default capped-occurrence path ----------------------------------------------------------------
+# --- issue 12, item 7: the default capped-occurrence path ------------------------------------------------------
 def _true_counts(docs: dict[str, list[int]], pattern: list[int], length: int) -> dict[tuple[int, ...], int]:
     k, counts = len(pattern), {}
     for t in docs.values():
@@ -603,3 +589,19 @@ def test_capped_sampling_returns_real_continuations_in_proportion(seed):
         p = count / total
         # An even spread over rows sorted by what precedes them samples like a random draw, or better.
         assert abs(sampled.get(cont, 0) / n - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 2 / n, (cont, sampled, truth)
+
+
+def test_installing_a_segment_whose_name_is_taken_gives_it_a_name_of_its_own():
+    from rest_lsp.datastore.segment import build_segment
+
+    a = build_segment([("a1", np.array([1, 2], dtype=np.uint32), 3), ("b1", np.array([3, 4], dtype=np.uint32), 3)])
+    ds = Datastore(background_merges=False)
+    ds.install([a.without([1])])                   # root A's copy: b1 is not A's
+    ds.install([a.without([0])])                   # root B's copy of the same file, same name
+    assert_consistent(ds)
+    assert ds.lookup([1]).continuations == [((2,), 1)] and ds.lookup([3]).continuations == [((4,), 1)]
+    ds.remove("a1")
+    assert ds.lookup([1]).match_length == 0 and ds.lookup([3]).continuations == [((4,), 1)]
+    ds.merge_all()
+    assert ds.lookup([3]).continuations == [((4,), 1)]
+    assert_consistent(ds)

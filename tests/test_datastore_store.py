@@ -137,22 +137,31 @@ def test_background_merges_while_queries_run_see_whole_changes_only():
     stop = threading.Event()
     errors = []
 
+    reads = []
+
     def reader():
-        while not stop.is_set():
-            # "x" always holds either [7, 8, 8, 8] or [7, 9, 9, 9]: never both, never neither.
-            got = ds.lookup([7]).continuations
-            if got not in ([((8, 8, 8), 1)], [((9, 9, 9), 1)]):
-                errors.append(got)
+        try:
+            while not stop.is_set():
+                # "x" always holds either [7, 8, 8, 8] or [7, 9, 9, 9]: never both, never neither.
+                got = ds.lookup([7]).continuations
+                reads.append(1)
+                if got not in ([((8, 8, 8), 1)], [((9, 9, 9), 1)]):
+                    errors.append(got)
+        except BaseException as err:     # an exception would end the thread silently: make it fail the test
+            errors.append(err)
 
     ds.put("x", [7, 8, 8, 8])
-    t = threading.Thread(target=reader)
-    t.start()
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
     for i in range(300):
         ds.apply([("x", [7, 9, 9, 9] if i % 2 else [7, 8, 8, 8], Source.WORKSPACE), (f"f{i}", [1] * 50, Source.WORKSPACE)])
     stop.set()
-    t.join()
+    for t in threads:
+        t.join()
     assert ds.wait_for_merges(30)
     ds.close()
     assert not errors
+    assert reads, "the readers never read"
     assert len(ds.segments()) < 20
     assert ds.stats()["documents"] == 301

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -55,6 +57,24 @@ class Changes:
 def make_index(root: Path, cache: Path, **kw) -> tuple[WorkspaceIndex, Datastore]:
     ds = Datastore(background_merges=False, continuation_length=8)
     return WorkspaceIndex(root, ds, byte_tokenize, "bytes-v1", cache_dir=cache, **kw), ds
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write so that the watcher never reads a half-written file: a temp file moved into place."""
+    tmp = path.parent.parent / f".{path.name}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def start_watching_caught_up(index: WorkspaceIndex, monkeypatch) -> threading.Semaphore:
+    """Start watching, and return once the catch-up rescan has run (it would race with the test's first
+    writes); the semaphore counts later rescans."""
+    rescans = threading.Semaphore(0)
+    real_rescan = index.rescan
+    monkeypatch.setattr(index, "rescan", lambda: (real_rescan(), rescans.release())[0])
+    index.start_watching()
+    assert rescans.acquire(timeout=WAIT_S), "no catch-up rescan when watching started"
+    return rescans
 
 
 @pytest.fixture
@@ -115,14 +135,14 @@ def test_indexes_text_and_skips_what_must_be_skipped(ws, tmp_path):
     assert all(p.startswith(str(root) + os.sep) for p in ds.doc_ids())
 
 
-def test_watcher_follows_add_change_rename_delete(ws):
+def test_watcher_follows_add_change_rename_delete(ws, monkeypatch):
     root, cache = ws
     (root / "a.py").write_text("first_version = 1\n")
     changes = Changes()
     index, ds = make_index(root, cache, on_change=changes)
     index.build()
     changes.seen.clear()
-    index.start_watching()
+    start_watching_caught_up(index, monkeypatch)
     try:
         new = root / "pkg" / "b.py"
         new.parent.mkdir()
@@ -162,33 +182,15 @@ def test_watcher_follows_add_change_rename_delete(ws):
         index.stop()
 
 
-def test_lost_events_are_recovered_by_a_rescan(ws):
-    root, cache = ws
-    (root / "a.py").write_text("old_text = 1\n")
-    changes = Changes()
-    index, ds = make_index(root, cache, on_change=changes)
-    index.build()
-    changes.seen.clear()
-    (root / "a.py").write_text("unseen_change = 1\n")        # before the watcher runs: no event for it
-    index.start_watching()
-    try:
-        import logging
-        logging.getLogger("watchdog.observers.inotify_c").warning("Inotify queue overflowed; filesystem events were lost")
-        changes.wait_for(root / "a.py")
-        assert follows(ds, "unseen_cha") == {"nge = 1\n"} and follows(ds, "old_te") == set()
-    finally:
-        index.stop()
-
-
-def test_polling_fallback_still_follows_changes(ws):
+def test_polling_fallback_still_follows_changes(ws, monkeypatch):
     root, cache = ws
     changes = Changes()
     index, ds = make_index(root, cache, on_change=changes, polling=True)
     index.build()
-    index.start_watching()
+    start_watching_caught_up(index, monkeypatch)
     try:
         assert index.watching_by_polling
-        (root / "p.py").write_text("polled_file = 1\n")
+        write_whole(root / "p.py", "polled_file = 1\n")
         changes.wait_for(root / "p.py")
         assert follows(ds, "polled_fi") == {"le = 1\n"}
     finally:
@@ -230,48 +232,174 @@ def test_restart_loads_the_saved_index_without_retokenizing(ws):
     assert sum(calls) == 19
 
 
+def wait_for_paths(changes: Changes, *paths: Path) -> None:
+    with changes.cond:
+        assert changes.cond.wait_for(lambda: all(str(p) in changes.seen for p in paths), WAIT_S), \
+            f"no change reported for some of {paths}"
+        changes.seen.clear()
+
+
+def test_symlinks_are_never_followed_by_the_watcher(ws, tmp_path, monkeypatch):
+    root, cache = ws
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.py").write_text("outside_target = 1\n")
+    (root / "pkg").mkdir()
+    (root / "pkg" / "real.py").write_text("inside_target = 1\n")
+    (root / "a.py").write_text("replaced_by_inner_link = 1\n")
+    (root / "b.py").write_text("replaced_by_outer_link = 1\n")
+    changes = Changes()
+    index, ds = make_index(root, cache, on_change=changes)
+    index.build()
+    changes.seen.clear()
+    start_watching_caught_up(index, monkeypatch)
+    try:
+        (root / "link_in.py").symlink_to(root / "pkg" / "real.py")
+        (root / "link_out.py").symlink_to(outside / "secret.py")
+        (root / "link_dir").symlink_to(root / "pkg", target_is_directory=True)
+        (root / "link_outdir").symlink_to(outside, target_is_directory=True)
+        (root / "a.py").unlink()
+        (root / "a.py").symlink_to(root / "pkg" / "real.py")
+        (root / "b.py").unlink()
+        (root / "b.py").symlink_to(outside / "secret.py")
+        write_whole(root / "sentinel.py", "sentinel = 1\n")     # its batch comes after the links'
+        wait_for_paths(changes, root / "a.py", root / "b.py", root / "sentinel.py")
+        assert follows(ds, "replaced_by") == set() and follows(ds, "outside_tar") == set()
+        assert follows(ds, "inside_tar") == {"get = 1\n"}          # once, under its own path
+        assert ds.lookup(toks("inside_tar")).continuations == [(tuple(toks("get = 1\n")), 1)]
+        assert sorted(ds.doc_ids()) == [str(root / "pkg" / "real.py"), str(root / "sentinel.py")]
+    finally:
+        index.stop()
+
+
+def test_restart_reconciliation_drops_what_symlinks_replaced(ws, tmp_path):
+    root, cache = ws
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.py").write_text("outside_target = 1\n")
+    (outside / "o.py").write_text("outside_folder = 1\n")
+    (root / "pkg").mkdir()
+    (root / "pkg" / "real.py").write_text("inside_target = 1\n")
+    (root / "a.py").write_text("replaced_by_inner_link = 1\n")
+    (root / "b.py").write_text("replaced_by_outer_link = 1\n")
+    (root / "d1").mkdir()
+    (root / "d1" / "x.py").write_text("folder_to_inner_link = 1\n")
+    (root / "d2").mkdir()
+    (root / "d2" / "y.py").write_text("folder_to_outer_link = 1\n")
+    index, ds = make_index(root, cache)
+    index.build()
+    assert len(ds.doc_ids()) == 5
+    # While the server is down, files and folders are replaced by links to inside and outside the root.
+    for name, target in (("a.py", root / "pkg" / "real.py"), ("b.py", outside / "secret.py")):
+        (root / name).unlink()
+        (root / name).symlink_to(target)
+    for name, target in (("d1", root / "pkg"), ("d2", outside)):
+        for f in (root / name).iterdir():
+            f.unlink()
+        (root / name).rmdir()
+        (root / name).symlink_to(target, target_is_directory=True)
+    (root / "new_link.py").symlink_to(root / "pkg" / "real.py")
+    index2, ds2 = make_index(root, cache)
+    stats = index2.build()
+    assert stats["loaded"] and stats["reindexed"] == 4
+    assert sorted(ds2.doc_ids()) == [str(root / "pkg" / "real.py")]
+    for gone in ("replaced_by", "folder_to", "outside_"):
+        assert follows(ds2, gone) == set(), gone
+    assert ds2.lookup(toks("inside_tar")).continuations == [(tuple(toks("get = 1\n")), 1)]
+
+
 CRASHING_WRITER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from pathlib import Path
     import rest_lsp.datastore.persist as persist
     from rest_lsp.datastore import Datastore, WorkspaceIndex
 
-    def stuck(tmp, final):           # the new segments and manifest are written, the swap never happens
+    where = sys.argv[3]
+    real_fsync = persist._fsync
+
+    def stuck():
         print("saving", flush=True)
         time.sleep(600)
 
-    persist._swap_in = stuck
+    if where == "manifest swap":      # the new segments and manifest are written, the swap never happens
+        persist._swap_in = lambda tmp, final: stuck()
+    else:                             # in the middle of a segment: its tokens are written, its suffix array not yet
+        def fsync(path):
+            real_fsync(path)
+            if ".rsa." in str(path):
+                stuck()
+        persist._fsync = fsync
     root, cache = Path(sys.argv[1]), Path(sys.argv[2])
     tok = lambda texts: [list(t.encode()) for t in texts]
     WorkspaceIndex(root, Datastore(background_merges=False), tok, "bytes-v1", cache_dir=cache).build()
 """)
 
 
-def test_a_writer_killed_during_a_save_leaves_the_previous_index_usable(ws, tmp_path):
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """One line of the child's output, or a failure once `timeout` passes without one."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"the child printed nothing within {timeout} s"
+    return proc.stdout.readline()
+
+
+def crash_a_save(root: Path, cache: Path, where: str, tmp_path: Path) -> None:
+    script = tmp_path / "writer.py"
+    script.write_text(CRASHING_WRITER)
+    proc = subprocess.Popen([sys.executable, str(script), str(root), str(cache), where], stdout=subprocess.PIPE,
+                            cwd=Path(__file__).resolve().parents[1], text=True)
+    try:
+        assert read_line(proc, WAIT_S).strip() == "saving"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def files_in(cache: Path) -> set[str]:
+    return {p.name for folder in (cache / "index").iterdir() for p in folder.iterdir()}
+
+
+def expected_files(cache: Path) -> set[str]:
+    """What the folder should hold: the manifest, the lock, and the four files of each segment it names."""
+    folder = next((cache / "index").iterdir())
+    names = [e["name"] for e in json.loads((folder / "manifest.json").read_text())["segments"]]
+    return {"manifest.json", "lock"} | {f"{n}.{s}" for n in names for s in ("tokens.npy", "rsa.npy", "meta.npz",
+                                                                           "docs.json")}
+
+
+@pytest.mark.parametrize("where", ["manifest swap", "segment write"])
+def test_a_writer_killed_during_a_save_leaves_the_previous_index_usable(ws, tmp_path, where):
     root, cache = ws
     (root / "a.py").write_text("stable_content = 1\n")
     index, ds = make_index(root, cache)
     index.build()
     (root / "a.py").write_text("content_of_the_crashed_save = 2\n")
     (root / "b.py").write_text("more = 3\n" * 50)
-
-    script = tmp_path / "writer.py"
-    script.write_text(CRASHING_WRITER)
-    proc = subprocess.Popen([sys.executable, str(script), str(root), str(cache)], stdout=subprocess.PIPE,
-                            cwd=Path(__file__).resolve().parents[1], text=True)
-    try:
-        assert proc.stdout.readline().strip() == "saving"
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    before = expected_files(cache)
+    crash_a_save(root, cache, where, tmp_path)
+    assert files_in(cache) - before, "the killed save left nothing behind: the test proves nothing"
 
     calls = []
     ds2 = Datastore(background_merges=False, continuation_length=8)
     index2 = WorkspaceIndex(root, ds2, lambda t: calls.append(len(t)) or byte_tokenize(t), "bytes-v1", cache_dir=cache)
-    # The previous save loads; then the two changed files are found and read again.
+    # The previous save loads, and what the killed one left behind is removed.
     assert index2._load()
     assert follows(ds2, "stable_cont") == {"ent = 1\n"}
+    assert files_in(cache) == before == expected_files(cache)
+    # Then the two changed files are found and read again.
     ds3 = Datastore(background_merges=False, continuation_length=8)
     WorkspaceIndex(root, ds3, lambda t: calls.append(len(t)) or byte_tokenize(t), "bytes-v1", cache_dir=cache).build()
     assert calls == [2]
     assert follows(ds3, "content_of_the") == {"_crashed"} and follows(ds3, "stable_cont") == set()
+    assert files_in(cache) == expected_files(cache)
+
+
+def test_a_first_save_killed_in_a_segment_write_is_cleaned_up_at_the_next_start(ws, tmp_path):
+    root, cache = ws
+    (root / "a.py").write_text("first_ever = 1\n")
+    crash_a_save(root, cache, "segment write", tmp_path)
+    assert files_in(cache) - {"lock"}, "the killed save left nothing behind: the test proves nothing"
+    index, ds = make_index(root, cache)
+    assert not index._load()
+    assert files_in(cache) == {"lock"}
+    assert index.build()["saved"] and follows(ds, "first_e") == {"ver = 1\n"}
+    assert files_in(cache) == expected_files(cache)

@@ -177,7 +177,7 @@ class WorkspaceIndex:
                 try:
                     toks = as_tokens(path, toks)
                 except ValueError as err:        # one odd document must not stop the others
-                    log.warning("Not indexing %s: %s", path, err)
+                    log.warning("Not indexed: %s", err)
                     self._skipped[path] = sig
                     if path in self._files:
                         gone.append(path)
@@ -242,7 +242,9 @@ class WorkspaceIndex:
                 if self._reload_ignore_file(rel):
                     return
                 continue
-            if rel == "" or self.rules.ignored(rel, os.path.isdir(path)):
+            if rel == "":
+                continue                  # the root itself: its entries have events of their own
+            if self.rules.ignored(rel, os.path.isdir(path)):
                 gone.extend(self._known_at_or_below(path))
                 continue
             if os.path.isdir(path) and not os.path.islink(path):

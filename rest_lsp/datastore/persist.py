@@ -4,6 +4,9 @@ A save writes the segments the folder lacks, then a new manifest under a tempora
 renames it over the old one. A crash at any point leaves the old manifest and the segments it names
 intact; files no manifest names are removed by the next save or load. The manifest records the
 tokenizer and the format, so a change of either discards the folder's contents.
+
+What is loaded is checked (shapes, ranges, a crc32 of every array): a damaged folder is cleared and
+rebuilt from the disk, with one log line, never served and never a crash.
 """
 
 from __future__ import annotations
@@ -156,7 +159,8 @@ class IndexFolder:
         _fsync(tmp)
         os.replace(tmp, self.folder / f"{stem}.meta.npz")
         # The doc list goes last: its presence means the segment is complete. It holds the arrays' checksums.
-        info = {"docs": list(seg.doc_ids), "crc": _checksums(seg.tokens, seg.rsa, {k: getattr(seg, k) for k in _TABLES})}
+        crc = _checksums(seg.tokens, seg.rsa, {k: getattr(seg, k) for k in _TABLES})
+        info = {"docs": list(seg.doc_ids), "crc": crc}
         _write_bytes(self.folder / f"{stem}.docs.tmp", json.dumps(info).encode())
         os.replace(self.folder / f"{stem}.docs.tmp", self.folder / f"{stem}.docs.json")
 
