@@ -744,8 +744,8 @@ class CompletionService:
                 return True  # a new tokenizer's datastore replaced it meanwhile
             self._accepted_docs.append(doc_id)
             old = [self._accepted_docs.popleft() for _ in range(len(self._accepted_docs) - ACCEPTED_DOCUMENTS)]
-        if old:
-            datastore.apply([], old)
+        for doc in old:
+            datastore.remove(doc)
         return True
 
     def drafts(self, text: str, limit: int = 10) -> list[tuple[str, float]]:
