@@ -1,8 +1,10 @@
 """The completion service: everything the language server does, without LSP types.
 
-It owns the model (loaded in the background), the one Decoder (which keeps its KV cache
-between requests), the workspace Datastore and its indexers, and one worker thread that
-runs the decoder, so whoever calls in (the server's event loop) is never blocked.
+It owns the model's lifecycle (loaded in the background, swapped in whole), the one Decoder
+(which keeps its KV cache between requests), and the workspace Datastore and its indexers,
+and wires the parts that live in their own modules: request scheduling (scheduling.py: one
+worker thread runs the decoder, so whoever calls in, the server's event loop, is never
+blocked) and what was shown, as text (suggestions.py).
 
 Latency rules:
   - latest request wins: a new request for a document cancels the previous one, which
@@ -28,37 +30,26 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from rest_lsp.drafts import SOURCE_NAMES
 from rest_lsp.postprocess import StopContext, stop_context, trim
 from rest_lsp.prompt import Fim, build_prompt, detect_fim
+from rest_lsp.scheduling import Completion, Job, RequestQueue, Ticket
 from rest_lsp.settings import Settings
+from rest_lsp.suggestions import ACCEPT_CONTEXT_CHARS, IncrementalText, ShownSuggestions, whole_characters
+
+__all__ = ["Completion", "CompletionService", "NoEvents", "ServiceEvents", "Ticket", "finish_text"]
 
 log = logging.getLogger(__name__)
 
 BUFFER_DEBOUNCE_S = 0.25  # open buffers are re-tokenized at most this often
-TYPE_THROUGH_ENTRIES = 8
-ACCEPT_CONTEXT_CHARS = 256  # text before an accepted completion stored with it, so drafts match where it goes
 ACCEPTED_DOCUMENTS = 256  # accepted completions kept in the datastore; older ones are removed
 MIN_PROMPT_TOKENS = 16  # maxNewTokens and draftBudget must leave at least this much of the context to the prompt
 SUFFIX_DRAFT_CHARS = 4000  # text after the cursor offered as drafts when the prompt leaves it out (no FIM)
 OUTPUT_CONTEXT_TOKENS = 32  # prompt tokens stored before each output, so drafts match where it was written
 SAVE_ACCEPTANCE_EVERY = 16  # completions between saves of the learned acceptance table
-DECODE_OVERLAP = 4  # ids decoded again before the new ones, for tokenizers whose text depends on the neighbours
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    id: int  # pass back to accept()
-    tokens: int  # generated tokens (0 for type-through)
-    steps: int
-    latency_ms: float
-    source: str  # "model" | "type-through"
 
 
 class ServiceEvents(Protocol):
@@ -82,125 +73,6 @@ class NoEvents:
 
     def index_end(self, root: str, stats: dict) -> None:
         pass
-
-
-class _Job:
-    """One computation, shared by every request for the same text and cursor (each holds its own future)."""
-
-    def __init__(self, doc_id: str, before: str, after: str):
-        self.doc_id, self.before, self.after = doc_id, before, after
-        self.submitted = time.perf_counter()
-        self.cancel_event = threading.Event()
-        self._guard = threading.Lock()
-        self._waiters: list[Future] = []
-        self._abandoned: set[int] = set()
-        self._done, self._result = False, None
-
-    def attach(self) -> Future:
-        future: Future = Future()
-        with self._guard:
-            if not self._done:
-                self._waiters.append(future)
-                return future
-        _resolve(future, self._result)
-        return future
-
-    def abandon(self, future: Future) -> None:
-        """One requester gave up; the work stops once all of them have."""
-        with self._guard:
-            self._abandoned.add(id(future))
-            everyone = all(id(f) in self._abandoned or f.cancelled() for f in self._waiters)
-        if everyone:
-            self.cancel_event.set()
-
-    def cancelled(self) -> bool:
-        if self.cancel_event.is_set():
-            return True
-        with self._guard:  # a future cancelled by its caller (asyncio cancels the wrapped future) counts as gone
-            return bool(self._waiters) and all(f.cancelled() for f in self._waiters)
-
-    def resolve(self, value) -> None:
-        with self._guard:
-            self._done, self._result = True, value
-            waiters = list(self._waiters)
-        for future in waiters:
-            _resolve(future, value)
-
-    def is_for(self, doc_id: str, before: str, after: str) -> bool:
-        return not self._done and self.doc_id == doc_id and self.before == before and self.after == after
-
-
-class Ticket:
-    """A submitted request: its future resolves to a Completion or None (nothing to show)."""
-
-    def __init__(self, job: _Job):
-        self._job = job
-        self.future: Future = job.attach()
-
-    def cancel(self) -> None:
-        """Give up this request; the work stops (between decoding steps) unless another request shares it."""
-        self._job.abandon(self.future)
-
-
-def _resolve(future: Future, value) -> None:
-    try:
-        future.set_result(value)
-    except InvalidStateError:  # the caller cancelled the future itself
-        pass
-
-
-@dataclass(frozen=True)
-class _Shown:
-    """A suggestion as it was shown, for type-through and acceptance.
-
-    It keeps the length, a hash and a short tail of the text around the cursor, never whole documents: eight
-    entries of a 1 MB file would hold 16 MB.
-    """
-
-    id: int
-    doc_id: str
-    before_len: int
-    before_hash: int
-    before_tail: str  # the last ACCEPT_CONTEXT_CHARS characters before the cursor
-    after_len: int
-    after_hash: int
-    text: str
-
-    @classmethod
-    def of(cls, id: int, job: _Job, text: str) -> "_Shown":
-        return cls(id, job.doc_id, len(job.before), hash(job.before), job.before[-ACCEPT_CONTEXT_CHARS:],
-                   len(job.after), hash(job.after), text)
-
-    def typed_over(self, job: _Job) -> str | None:
-        """What the user typed since this was shown, when the job's text is this one's with it typed at the
-        cursor; else None."""
-        if job.doc_id != self.doc_id or len(job.after) != self.after_len or len(job.before) < self.before_len:
-            return None
-        shown_before = job.before[: self.before_len]
-        if not shown_before.endswith(self.before_tail) or hash(shown_before) != self.before_hash:
-            return None
-        if hash(job.after) != self.after_hash:
-            return None
-        return job.before[self.before_len:]
-
-
-class _IncrementalText:
-    """The text of a growing list of new token ids, decoding only the ids added since the last call (plus
-    DECODE_OVERLAP before them: SentencePiece drops the leading space of the first id it decodes)."""
-
-    def __init__(self, decode: Callable[[list[int]], str]):
-        self._decode = decode
-        self._final = 0  # ids whose text is final (no partial character at their end)
-        self._final_text = ""
-
-    def text(self, ids: list[int]) -> str:
-        start = max(0, self._final - DECODE_OVERLAP)
-        head = self._decode(ids[start : self._final]) if start < self._final else ""
-        tail = self._decode(ids[start:])
-        text = self._final_text + tail[len(head):] if tail.startswith(head) else self._decode(ids)
-        if not text.endswith("\ufffd"):
-            self._final, self._final_text = len(ids), text
-        return text
 
 
 class _Stale(Exception):
@@ -230,12 +102,7 @@ class CompletionService:
         self._started = False
         self._closed = False
         self._threads: list[threading.Thread] = []  # loaders and indexers, joined by close()
-        # requests
-        self._cond = threading.Condition(self._lock)
-        self._queue: deque[_Job] = deque()
-        self._running: _Job | None = None
-        self._ids = itertools.count(1)
-        self._shown: deque[_Shown] = deque(maxlen=TYPE_THROUGH_ENTRIES)
+        self._shown = ShownSuggestions()
         self._accepted = itertools.count(1)
         self._accepted_docs: deque[str] = deque()
         # open buffers waiting to be (re)tokenized into the datastore
@@ -257,9 +124,9 @@ class CompletionService:
         self._outputs = None
         self._recycle = None
         self._acceptance_file: tuple[Path, str] | None = None
-        self._worker = threading.Thread(target=self._work, name="rest-lsp-decoder", daemon=True)
+        self._requests = RequestQueue(self._lock, self._complete, lambda: self.settings.debounce_ms / 1e3,
+                                      self._count_cancelled, self._completion_failed)
         self._feeder = threading.Thread(target=self._feed_buffers, name="rest-lsp-buffers", daemon=True)
-        self._worker.start()
         self._feeder.start()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -536,18 +403,13 @@ class CompletionService:
         Waiting matters: a process that exits while a thread is still inside torch or the
         tokenizer can abort ("terminate called without an active exception").
         """
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._load_generation += 1
             self._index_generation += 1
-            for job in self._queue:
-                job.cancel_event.set()
-            if self._running is not None:
-                self._running.cancel_event.set()
-            self._cond.notify_all()
             indexes, self._indexes = list(self._indexes.values()), {}
             datastore = self._datastore
-            threads = [self._worker, self._feeder, *self._threads]
+            threads = [self._requests.close(), self._feeder, *self._threads]
         self._buffers_dirty.set()
         self._retire(indexes, None)
         for thread in threads:
@@ -628,72 +490,32 @@ class CompletionService:
         """Ask for a completion at character `offset` of `text`; cancels the document's previous request, unless
         that one is for the identical text and cursor: then both share its computation."""
         offset = max(0, min(offset, len(text)))
-        before, after = text[:offset], text[offset:]
-        with self._cond:
-            for job in (*self._queue, self._running):
-                if job is not None and job.is_for(doc_id, before, after) and not job.cancelled():
-                    return Ticket(job)
-            self._cancel_document(doc_id)
-            job = _Job(doc_id, before, after)
-            ticket = Ticket(job)
-            if not self._ready.is_set() or self._closed:
-                job.resolve(None)
-                return ticket
-            shown = self._type_through(job)
-            if shown is not None:
-                job.resolve(shown)
-                return ticket
-            self._queue.append(job)
-            self._cond.notify_all()
-        return ticket
+        return self._requests.submit(doc_id, text[:offset], text[offset:], self._answer_now)
 
     def cancel(self, doc_id: str) -> None:
         """The document changed: stop the work for it (its requests answer None)."""
-        with self._cond:
-            self._cancel_document(doc_id)
+        self._requests.cancel(doc_id)
 
-    def _cancel_document(self, doc_id: str) -> None:
-        for job in (*self._queue, self._running):
-            if job is not None and job.doc_id == doc_id:
-                job.cancel_event.set()
+    def _answer_now(self, job: Job) -> tuple[bool, Completion | None]:
+        """(True, answer) for a request answered without decoding: no model yet, or type-through (under the lock)."""
+        if not self._ready.is_set() or self._closed:
+            return True, None
+        found = self._shown.typed_through(job)
+        if found is None:
+            return False, None
+        shown, rest = found
+        self._served += 1
+        self._type_through_count += 1
+        latency = (time.perf_counter() - job.submitted) * 1e3
+        self._last_latency_ms = latency
+        return True, Completion(rest, shown.id, 0, 0, latency, "type-through")
 
-    def _type_through(self, job: _Job) -> Completion | None:
-        for shown in reversed(self._shown):
-            typed = shown.typed_over(job)
-            if typed and shown.text.startswith(typed) and shown.text[len(typed):].strip():
-                self._served += 1
-                self._type_through_count += 1
-                latency = (time.perf_counter() - job.submitted) * 1e3
-                self._last_latency_ms = latency
-                return Completion(shown.text[len(typed):], shown.id, 0, 0, latency, "type-through")
-        return None
+    def _count_cancelled(self) -> None:
+        with self._lock:
+            self._cancelled += 1
 
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    for job in self._queue:
-                        job.resolve(None)
-                    return
-                job = self._queue.popleft()
-                self._running = job
-            try:
-                result = None
-                if not job.cancelled() and not job.cancel_event.wait(self.settings.debounce_ms / 1e3):
-                    result = self._complete(job)
-                else:
-                    with self._lock:
-                        self._cancelled += 1  # stopped before decoding began
-                job.resolve(result)
-            except Exception as err:
-                log.exception("completion failed")
-                self._report("warning", f"rest-lsp: a completion failed: {err}")
-                job.resolve(None)
-            finally:
-                with self._cond:
-                    self._running = None
+    def _completion_failed(self, err: Exception) -> None:
+        self._report("warning", f"rest-lsp: a completion failed: {err}")
 
     def _draft_source(self, datastore, settings: Settings, suffix: list[int] | None, outputs, recycle):
         from rest_lsp.drafts import NoDrafts, rest_drafts
@@ -702,7 +524,7 @@ class CompletionService:
             return NoDrafts()
         return rest_drafts(datastore, suffix=suffix, outputs=outputs, recycle=recycle, exclude=settings.draft_exclude)
 
-    def _complete(self, job: _Job) -> Completion | None:
+    def _complete(self, job: Job) -> Completion | None:
         from rest_lsp.decoding import DecodeConfig
 
         with self._lock:  # one consistent model: a switch meanwhile must not mix tokenizers
@@ -724,7 +546,7 @@ class CompletionService:
             return None
         ctx = stop_context(job.before, job.after)
         tokenizer = loaded.tokenizer
-        so_far = _IncrementalText(tokenizer.decode)
+        so_far = IncrementalText(tokenizer.decode)
         checked = [0]  # new tokens already checked for stop ids
 
         def should_stop(new: list[int]) -> bool:
@@ -758,8 +580,7 @@ class CompletionService:
                 shown = None
             else:
                 self._served += 1
-                shown = _Shown.of(next(self._ids), job, text)
-                self._shown.append(shown)
+                shown = self._shown.add(job, text)
         if save and decoder is self._decoder:
             self._save_acceptance()
         if shown is None:
@@ -777,7 +598,7 @@ class CompletionService:
         if not self._ready.is_set() or not text:
             return False
         with self._lock:
-            shown = next((s for s in self._shown if s.id == completion_id), None)
+            shown = self._shown.get(completion_id)
             datastore = self._datastore
         before = ""
         if shown is not None and shown.text.endswith(text):
@@ -791,8 +612,8 @@ class CompletionService:
                 return True  # a new tokenizer's datastore replaced it meanwhile
             self._accepted_docs.append(doc_id)
             old = [self._accepted_docs.popleft() for _ in range(len(self._accepted_docs) - ACCEPTED_DOCUMENTS)]
-        if old:
-            datastore.apply([], old)
+        for doc in old:
+            datastore.remove(doc)
         return True
 
     def drafts(self, text: str, limit: int = 10) -> list[tuple[str, float]]:
@@ -849,16 +670,6 @@ def _clamped(settings: Settings, context: int) -> Settings:
 def _workspace_key(settings: Settings) -> tuple:
     """The settings that need the workspace indexed again when they change."""
     return (settings.index_workspace, settings.ignore, settings.max_file_bytes, settings.cache_dir)
-
-
-def whole_characters(decode: Callable[[list[int]], str], tokens: list[int]) -> list[int]:
-    """`tokens` without a last character cut in the middle (a token limit can stop inside a multi-byte
-    character, which decodes to U+FFFD)."""
-    for _ in range(3):  # a character has at most 4 bytes: at most 3 tokens of an unfinished one
-        if not tokens or not decode(tokens).endswith("\ufffd"):
-            break
-        tokens = tokens[:-1]
-    return tokens
 
 
 def _until_stop(tokens: list[int], stop_ids: frozenset[int]) -> list[int]:

@@ -1,0 +1,173 @@
+"""Request scheduling: the requests waiting for the one decoding thread, and the thread itself.
+
+Latest request wins per document: a new request cancels the document's previous one, which stops decoding between
+steps. A request for the identical text and cursor (the inline request and the suggest-list request of one
+keystroke) shares the job already there instead. Each requester holds its own future; the work stops once all of
+them have given up, or when the document changes. A short debounce before decoding lets a burst of keystrokes
+collapse into one request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    id: int  # pass back to accept()
+    tokens: int  # generated tokens (0 for type-through)
+    steps: int
+    latency_ms: float
+    source: str  # "model" | "type-through"
+
+
+class Job:
+    """One computation, shared by every request for the same text and cursor (each holds its own future)."""
+
+    def __init__(self, doc_id: str, before: str, after: str):
+        self.doc_id, self.before, self.after = doc_id, before, after
+        self.submitted = time.perf_counter()
+        self.cancel_event = threading.Event()
+        self._guard = threading.Lock()
+        self._waiters: list[Future] = []
+        self._abandoned: set[int] = set()
+        self._done, self._result = False, None
+
+    def attach(self) -> Future:
+        future: Future = Future()
+        with self._guard:
+            if not self._done:
+                self._waiters.append(future)
+                return future
+        resolve_future(future, self._result)
+        return future
+
+    def abandon(self, future: Future) -> None:
+        """One requester gave up; the work stops once all of them have."""
+        with self._guard:
+            self._abandoned.add(id(future))
+            everyone = all(id(f) in self._abandoned or f.cancelled() for f in self._waiters)
+        if everyone:
+            self.cancel_event.set()
+
+    def cancelled(self) -> bool:
+        if self.cancel_event.is_set():
+            return True
+        with self._guard:  # a future cancelled by its caller (asyncio cancels the wrapped future) counts as gone
+            return bool(self._waiters) and all(f.cancelled() for f in self._waiters)
+
+    def resolve(self, value) -> None:
+        with self._guard:
+            self._done, self._result = True, value
+            waiters = list(self._waiters)
+        for future in waiters:
+            resolve_future(future, value)
+
+    def is_for(self, doc_id: str, before: str, after: str) -> bool:
+        return not self._done and self.doc_id == doc_id and self.before == before and self.after == after
+
+
+class Ticket:
+    """A submitted request: its future resolves to a Completion or None (nothing to show)."""
+
+    def __init__(self, job: Job):
+        self._job = job
+        self.future: Future = job.attach()
+
+    def cancel(self) -> None:
+        """Give up this request; the work stops (between decoding steps) unless another request shares it."""
+        self._job.abandon(self.future)
+
+
+def resolve_future(future: Future, value) -> None:
+    try:
+        future.set_result(value)
+    except InvalidStateError:  # the caller cancelled the future itself
+        pass
+
+
+class RequestQueue:
+    """Jobs waiting for the decoding thread, which runs `run(job)` for each (under no lock)."""
+
+    def __init__(self, lock: threading.RLock, run: Callable[[Job], Completion | None],
+                 debounce_s: Callable[[], float], on_cancelled: Callable[[], None],
+                 on_error: Callable[[Exception], None]):
+        self._cond = threading.Condition(lock)
+        self._run, self._debounce_s = run, debounce_s
+        self._on_cancelled, self._on_error = on_cancelled, on_error
+        self._queue: deque[Job] = deque()
+        self._running: Job | None = None
+        self._closed = False
+        self.thread = threading.Thread(target=self._work, name="rest-lsp-decoder", daemon=True)
+        self.thread.start()
+
+    def submit(self, doc_id: str, before: str, after: str,
+               answer: Callable[[Job], tuple[bool, Completion | None]]) -> Ticket:
+        """A ticket for the request; `answer(job)` (called under the lock) may answer it at once: (True, value)."""
+        with self._cond:
+            for job in (*self._queue, self._running):
+                if job is not None and job.is_for(doc_id, before, after) and not job.cancelled():
+                    return Ticket(job)
+            self._cancel(doc_id)
+            job = Job(doc_id, before, after)
+            ticket = Ticket(job)
+            now, value = answer(job)
+            if now or self._closed:
+                job.resolve(value if now else None)
+                return ticket
+            self._queue.append(job)
+            self._cond.notify_all()
+        return ticket
+
+    def cancel(self, doc_id: str) -> None:
+        """Stop the document's jobs (they answer None)."""
+        with self._cond:
+            self._cancel(doc_id)
+
+    def _cancel(self, doc_id: str | None) -> None:
+        for job in (*self._queue, self._running):
+            if job is not None and (doc_id is None or job.doc_id == doc_id):
+                job.cancel_event.set()
+
+    def close(self) -> threading.Thread:
+        """Stop every job; returns the thread for the caller to join (outside any lock)."""
+        with self._cond:
+            self._closed = True
+            self._cancel(None)
+            self._cond.notify_all()
+        return self.thread
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    for job in self._queue:
+                        job.resolve(None)
+                    return
+                job = self._queue.popleft()
+                self._running = job
+            try:
+                result = None
+                if not job.cancelled() and not job.cancel_event.wait(self._debounce_s()):
+                    result = self._run(job)
+                else:
+                    self._on_cancelled()  # stopped before decoding began
+                job.resolve(result)
+            except Exception as err:
+                log.exception("completion failed")
+                self._on_error(err)
+                job.resolve(None)
+            finally:
+                with self._cond:
+                    self._running = None
