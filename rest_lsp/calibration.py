@@ -19,6 +19,7 @@ import os
 import platform
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,6 +238,40 @@ def calibrate(
         if not write_cached(path, key, ms):
             path = None
     return Calibration(cost_curve(relative_curve(ms)), ms, source, path)
+
+
+def calibrate_when_idle(decoder, busy: Callable[[], bool], stopped: threading.Event, cache_dir: Path | None = None,
+                        attempts: int = 5, poll_s: float = 0.5) -> threading.Thread:
+    """Calibrate `decoder` in a daemon thread, only while `busy()` is False; returns the thread.
+
+    `busy` says True while a request is queued or decoding: a measurement it interrupts is thrown away and started
+    again once the decoder is idle, up to `attempts` times; until one completes the decoder keeps its built-in
+    curve. Setting `stopped` ends the thread within one step (join it before the process exits: a thread still
+    inside torch at exit can crash it). Errors are logged, never raised.
+    """
+
+    def run() -> None:
+        for _ in range(attempts):
+            while busy():
+                # polling: the owner's request queue has no "became idle" event to wait on
+                if stopped.wait(poll_s):
+                    return
+            if stopped.is_set():
+                return
+            try:
+                found = decoder.calibrate(cache_dir, should_stop=lambda: busy() or stopped.is_set())
+            except Interrupted:
+                continue
+            except Exception as err:  # noqa: BLE001 - a failed calibration must never take the server down
+                log.warning("Could not measure the step cost (%s); tree sizing keeps its built-in curve.", err)
+                return
+            log.info("Step cost (%s): %s", found.source,
+                     ", ".join(f"{k}: {v:.2f}x" for k, v in relative_curve(found.ms).items()))
+            return
+
+    thread = threading.Thread(target=run, name="rest-lsp-calibrate", daemon=True)
+    thread.start()
+    return thread
 
 
 # -- dtype by hardware ---------------------------------------------------------------------------------------------

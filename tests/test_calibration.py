@@ -270,3 +270,34 @@ def test_cpu_flags_are_read_from_x86_and_arm_cpuinfo():
     arm = "processor\t: 0\nFeatures\t: fp asimd bf16 sve\nCPU implementer\t: 0x41\n"
     assert calibration.cpu_flags(x86) == {"fpu", "avx2", "avx512_bf16"}
     assert calibration.cpu_flags(arm) == {"fp", "asimd", "bf16", "sve"}
+
+
+# -- in the background, while idle ---------------------------------------------------------------------------------
+def test_calibrate_when_idle_starts_again_after_a_request_interrupts_it(decoder, tmp_path):
+    calls = []
+
+    def busy():  # a request arrives during the first measurement (its 5th check), then the decoder is idle
+        calls.append(1)
+        return len(calls) == 5
+
+    thread = calibration.calibrate_when_idle(decoder, busy, threading.Event(), tmp_path, poll_s=0.01)
+    thread.join(120)
+    assert not thread.is_alive(), "calibration did not finish within 120 s"
+    assert decoder.calibration is not None and decoder.calibration.source == "measured"
+    assert len(calls) > 5  # it went on after the interruption
+
+
+def test_calibrate_when_idle_ends_when_stopped_while_busy(decoder, tmp_path):
+    stopped = threading.Event()
+    waiting = threading.Event()
+
+    def busy():
+        waiting.set()
+        return True
+
+    thread = calibration.calibrate_when_idle(decoder, busy, stopped, tmp_path, poll_s=0.01)
+    assert waiting.wait(30), "the calibration thread never asked whether the decoder was busy"
+    stopped.set()
+    thread.join(30)
+    assert not thread.is_alive(), "the calibration thread did not end within 30 s of being stopped"
+    assert decoder.calibration is None and decoder.step_cost is CPU_STEP_COST
