@@ -13,6 +13,7 @@ ms per later token (the same split as bench_rest's plain column).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -128,6 +129,16 @@ def main() -> None:
               f"{1e3 / run.ms_per_token:.0f} |")
     med = statistics.median(r.ms_per_token for r in runs)
     print(f"| median | | {statistics.median(r.first_ms for r in runs):.0f} | {med:.1f} | {1e3 / med:.0f} |")
+    warn_if_busy(threads)
+
+
+def warn_if_busy(threads: int) -> None:
+    """OpenMP threads spin at every barrier: on cores shared with other work a multi-threaded step waits for a
+    descheduled thread (here 2 threads at load 3 on 2 cores: 427 ms/token; OMP_WAIT_POLICY=PASSIVE: 35)."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if threads > 1 and load > cores * 0.75 and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+        print(f"note: load average {load:.1f} on {cores} cores; with {threads} threads these timings mostly measure "
+              "OpenMP spin-waits: rerun on an idle machine or with OMP_WAIT_POLICY=PASSIVE.")
 
 
 if __name__ == "__main__":
