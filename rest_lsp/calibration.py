@@ -37,6 +37,7 @@ SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXT = 384  # cached tokens under each step: a typical completion prompt
 REPEATS = 3  # medians of this many rounds, after one warm-up round
 MAX_SECONDS = 10.0  # no new round starts after this long (a round of SmolLM2-135M fp32 takes ~0.8 s on 2 idle cores)
+NOISE_LIMIT = 1.5  # rounds further apart than this (median over sizes of slowest / fastest) are not kept
 # Bumped when what is timed changes (e.g. a new step implementation): older files are then re-measured.
 METHOD = 1
 
@@ -112,7 +113,7 @@ def _step(model, body, head, cache: DynamicCache, tree: DraftTree, past: int, de
 
 
 @torch.inference_mode()
-def measure_step_ms(
+def measure_step_times(
     model: torch.nn.Module,
     device: torch.device,
     dtype: torch.dtype,
@@ -123,8 +124,9 @@ def measure_step_ms(
     repeats: int = REPEATS,
     should_stop: Callable[[], bool] | None = None,
     max_seconds: float = MAX_SECONDS,
-) -> dict[int, float]:
-    """Median ms of a step verifying k tokens, for each k in `sizes`, on a fresh cache of `context` tokens.
+) -> dict[int, list[float]]:
+    """The ms of each measured round of a step verifying k tokens, for each k in `sizes`, on a fresh cache of
+    `context` tokens.
 
     Sizes are interleaved within each round so that a busy moment of the machine hits all of them alike; the
     first round warms up (kernel choice, allocations) and is dropped. Rounds stop early past `max_seconds` (at
@@ -152,7 +154,18 @@ def measure_step_ms(
                 times[k].append(elapsed)
         if rnd and time.perf_counter() - start > max_seconds:
             break
+    return times
+
+
+def medians(times: dict[int, list[float]]) -> dict[int, float]:
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def too_noisy(times: dict[int, list[float]], limit: float = NOISE_LIMIT) -> bool:
+    """Whether the rounds disagree so much that the cores were busy with other work: a typical size's slowest
+    round more than `limit` times its fastest. One round cannot tell, and is trusted."""
+    spreads = [max(v) / min(v) for v in times.values() if len(v) > 1]
+    return bool(spreads) and statistics.median(spreads) > limit
 
 
 def relative_curve(ms: dict[int, float]) -> dict[int, float]:
@@ -233,9 +246,14 @@ def calibrate(
     ms = None if force else read_cached(path, key)
     source = "cache"
     if ms is None:
-        ms = measure_step_ms(model, device, dtype, body, head, should_stop=should_stop, **measure_kw)
-        source = "measured"
-        if not write_cached(path, key, ms):
+        times = measure_step_times(model, device, dtype, body, head, should_stop=should_stop, **measure_kw)
+        ms, source = medians(times), "measured"
+        if too_noisy(times):
+            # better than the constants of another machine for now, but not worth keeping: next start measures again
+            log.info("Step-cost timings varied by more than %.1fx between rounds (busy cores?); using them without "
+                     "keeping them.", NOISE_LIMIT)
+            path = None
+        elif not write_cached(path, key, ms):
             path = None
     return Calibration(cost_curve(relative_curve(ms)), ms, source, path)
 

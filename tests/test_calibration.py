@@ -301,3 +301,20 @@ def test_calibrate_when_idle_ends_when_stopped_while_busy(decoder, tmp_path):
     thread.join(30)
     assert not thread.is_alive(), "the calibration thread did not end within 30 s of being stopped"
     assert decoder.calibration is None and decoder.step_cost is CPU_STEP_COST
+
+
+# -- busy cores ----------------------------------------------------------------------------------------------------
+def test_rounds_that_disagree_are_too_noisy_to_keep():
+    assert calibration.too_noisy({1: [60.0, 130.0, 61.0], 2: [99.0, 250.0, 98.0], 4: [83.0, 84.0, 85.0]})
+    assert not calibration.too_noisy({1: [60.0, 66.0, 61.0], 2: [99.0, 250.0, 98.0], 4: [83.0, 84.0, 85.0]})
+    assert not calibration.too_noisy({1: [60.0], 2: [200.0]})  # one round cannot tell
+
+
+def test_a_noisy_measurement_is_used_but_not_kept(decoder, tmp_path, monkeypatch):
+    noisy = {1: [60.0, 150.0, 61.0], 2: [99.0, 250.0, 98.0], 4: [83.0, 200.0, 85.0]}
+    monkeypatch.setattr(calibration, "measure_step_times", lambda *a, **kw: noisy)
+    found = decoder.calibrate(tmp_path)
+    assert found.source == "measured" and found.path is None and found.ms == {1: 61.0, 2: 99.0, 4: 85.0}
+    assert decoder.step_cost is found.curve
+    _, path = _key_path(decoder, tmp_path)
+    assert not path.exists()  # the next start measures again
