@@ -248,10 +248,11 @@ def calibrate(
     if ms is None:
         times = measure_step_times(model, device, dtype, body, head, should_stop=should_stop, **measure_kw)
         ms, source = medians(times), "measured"
-        if too_noisy(times):
+        cut_short = min(map(len, times.values())) < measure_kw.get("repeats", REPEATS)
+        if cut_short or too_noisy(times):
             # better than the constants of another machine for now, but not worth keeping: next start measures again
-            log.info("Step-cost timings varied by more than %.1fx between rounds (busy cores?); using them without "
-                     "keeping them.", NOISE_LIMIT)
+            log.info("Step-cost timings %s (busy cores?); using them without keeping them.",
+                     "ran out of time" if cut_short else f"varied by more than {NOISE_LIMIT}x between rounds")
             path = None
         elif not write_cached(path, key, ms):
             path = None

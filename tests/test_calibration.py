@@ -318,3 +318,9 @@ def test_a_noisy_measurement_is_used_but_not_kept(decoder, tmp_path, monkeypatch
     assert decoder.step_cost is found.curve
     _, path = _key_path(decoder, tmp_path)
     assert not path.exists()  # the next start measures again
+
+
+def test_a_measurement_cut_short_by_its_time_limit_is_used_but_not_kept(decoder, tmp_path):
+    found = decoder.calibrate(tmp_path, sizes=(1, 2, 4), context=48, repeats=3, max_seconds=0.0)
+    assert found.source == "measured" and found.path is None and decoder.step_cost is found.curve
+    assert not _key_path(decoder, tmp_path)[1].exists()
