@@ -47,7 +47,7 @@ class Calibration:
     curve: list[float]  # curve[k]: relative cost of a step verifying k tokens; curve[0] unused, curve[1] == 1
     ms: dict[int, float]  # measured median ms per tree size
     source: str  # "measured" | "cache"
-    path: Path | None  # the cache file (None when it could not be written)
+    path: Path | None  # the cache file (None when not kept: unwritable, or timings from busy cores)
 
 
 class Interrupted(Exception):
@@ -239,7 +239,7 @@ def calibrate(
     **measure_kw,
 ) -> Calibration:
     """The cost curve of this machine, model and dtype: from the cache file, else measured and saved."""
-    from rest_lsp.decoding import cost_curve  # decoding imports this module's users, not the other way round
+    from rest_lsp.decoding import cost_curve  # here, not at the top: decoding imports this module
 
     key = calibration_key(model, name, device, dtype)
     path = cache_file(cache_dir, key)
