@@ -10,15 +10,17 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 from transformers import DynamicCache
 
 from rest_lsp.acceptance import AcceptanceModel
+from rest_lsp.calibration import Calibration, calibrate
 from rest_lsp.draft_tree import DraftTree, build_tree, fit_to_cost, tree_attention_mask, tree_position_ids
 from rest_lsp.drafts import DraftSource, Proposal, propose
-from rest_lsp.model import LoadedModel, ModelLoadError
+from rest_lsp.model import LoadedModel, ModelLoadError, cache_root
 
 
 @dataclass
@@ -164,7 +166,10 @@ class Decoder:
         self._cache: DynamicCache | None = None
         self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
         self.body, self.head = self._split_head()
+        self.name = loaded.name
+        # Until calibrate() has measured this machine: the constants measured on the reference machines.
         self.step_cost = FLAT_STEP_COST if self.device.type == "cuda" else CPU_STEP_COST
+        self.calibration: Calibration | None = None
         # What sources claim is not how often the model agrees: learned per (source, match length, depth) from
         # every walk, for as long as the decoder lives (and longer, when its owner saves it).
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
@@ -187,6 +192,22 @@ class Decoder:
         except (TypeError, AttributeError):
             return None, None
         return (body, head) if same else (None, None)
+
+    def calibrate(self, cache_dir: Path | None = None, force: bool = False,
+                  should_stop: Callable[[], bool] | None = None, **measure_kw) -> Calibration:
+        """Measure (or read from the cache folder) this machine's step-cost curve; tree sizing uses it from the
+        next step on, on CPU and CUDA alike.
+
+        Safe in a background thread while this decoder serves: it times steps on a KV cache of its own and only
+        swaps `step_cost` at the end. Run it while the decoder is idle, though: the timings of a step that shares
+        the cores with a request are worthless; pass `should_stop` (checked between steps) to abandon it, which
+        raises calibration.Interrupted and keeps the previous curve.
+        """
+        found = calibrate(self.model, self.name, self.device, self.dtype,
+                          cache_root() if cache_dir is None else cache_dir, self.body, self.head,
+                          force=force, should_stop=should_stop, **measure_kw)
+        self.step_cost, self.calibration = found.curve, found
+        return found
 
     # -- cache ---------------------------------------------------------------------------------------------------
     def reset(self) -> None:
