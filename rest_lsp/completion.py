@@ -1,8 +1,8 @@
 """The completion service: everything the language server does, without LSP types.
 
-It owns the model's lifecycle (loaded in the background, swapped in whole), the one Decoder
-(which keeps its KV cache between requests), and the workspace Datastore and its indexers,
-and wires the parts that live in their own modules: request scheduling (scheduling.py: one
+It runs the model's lifecycle (lifecycle.py: a ServingModel loaded in the background and
+swapped in whole; the previous one serves meanwhile) and decodes each request, and wires the
+parts that live in their own modules: request scheduling (scheduling.py: one
 worker thread runs the decoder, so whoever calls in, the server's event loop, is never
 blocked), what was shown, as text (suggestions.py), and what goes into the datastore
 (feeding.py: workspace indexes, open buffers, accepted suggestions).
@@ -24,8 +24,6 @@ stop is collected under the lock and stopped after releasing it.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import itertools
 import logging
 import threading
@@ -35,7 +33,8 @@ from typing import Protocol
 
 from rest_lsp.feeding import DatastoreFeed, workspace_key
 from rest_lsp.postprocess import StopContext, stop_context, trim
-from rest_lsp.prompt import Fim, build_prompt, detect_fim
+from rest_lsp.lifecycle import ServingModel, clamped, fit_context, load_serving_model
+from rest_lsp.prompt import build_prompt
 from rest_lsp.scheduling import Completion, Job, RequestQueue, Ticket
 from rest_lsp.settings import Settings
 from rest_lsp.suggestions import ACCEPT_CONTEXT_CHARS, IncrementalText, ShownSuggestions, whole_characters
@@ -44,7 +43,6 @@ __all__ = ["Completion", "CompletionService", "NoEvents", "ServiceEvents", "Tick
 
 log = logging.getLogger(__name__)
 
-MIN_PROMPT_TOKENS = 16  # maxNewTokens and draftBudget must leave at least this much of the context to the prompt
 
 
 class ServiceEvents(Protocol):
@@ -78,11 +76,7 @@ class CompletionService:
         self._lock = threading.RLock()
         self._tok_lock = threading.Lock()  # HF fast tokenizers are not safe to call from several threads
         self._bg_tok_lock = threading.Lock()  # the background copy of the tokenizer: indexing and buffers
-        self._loaded = None
-        self._decoder = None
-        self._bg_tokenizer = None
-        self._fim: Fim | None = None
-        self._stop_ids: frozenset[int] = frozenset()
+        self._model: ServingModel | None = None
         self._ready = threading.Event()
         self._load_generation = 0  # bumped by each model load: an older load's result is dropped
         self._started = False
@@ -115,6 +109,14 @@ class CompletionService:
     @property
     def _indexes(self) -> dict:
         return self._feed.indexes
+
+    @property
+    def _loaded(self):
+        return self._model.loaded if self._model is not None else None
+
+    @property
+    def _decoder(self):
+        return self._model.decoder if self._model is not None else None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     @property
@@ -157,38 +159,26 @@ class CompletionService:
         with self._lock:
             self._load_generation += 1
             generation = self._load_generation
-            if self._loaded is None:  # a model already loaded keeps serving until the new one is ready
+            if self._model is None:  # a model already loaded keeps serving until the new one is ready
                 self._ready.clear()
             self.load_error = None
         self._spawn(lambda: self._load(generation), "rest-lsp-loader")
 
     def _load(self, generation: int) -> None:
-        from rest_lsp.decoding import Decoder
-        from rest_lsp.model import Tokenizer, load_model
-
-        s = self.settings
         try:
-            loaded = load_model(s.model, s.device, s.dtype)
-            decoder = Decoder(loaded)
-            background = Tokenizer(copy.deepcopy(loaded.tokenizer.hf))
+            model = load_serving_model(self.settings)
         except Exception as err:  # ModelLoadError and anything else: the server stays up
             self._load_failed(generation, str(err) or type(err).__name__)
             return
-        hf = loaded.tokenizer.hf
         with self._lock:
             if generation != self._load_generation or self._closed:
                 return
-            old_key = self._loaded.tokenizer.key if self._loaded is not None else None
-            self._loaded, self._decoder, self._bg_tokenizer = loaded, decoder, background
-            self._fim = detect_fim(hf)
-            special = {i for i, t in getattr(hf, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
-            fim_markers = {self._fim.prefix_id, self._fim.suffix_id, self._fim.middle_id} if self._fim else set()
-            self._stop_ids = frozenset(
-                (special - fim_markers) | loaded.eos_token_ids | (self._fim.stop_ids if self._fim else set())
-            )
-            self.settings, refused = self._fit_context(self.settings, _clamped(self.settings, decoder.max_context))
+            old_key = self._model.tokenizer_key if self._model is not None else None
+            self._model = model
+            self.settings, refused = fit_context(self.settings, clamped(self.settings, model.max_context),
+                                                 model.max_context)
             replaced, retired = None, []
-            if self._feed.datastore is None or old_key != loaded.tokenizer.key:
+            if self._feed.datastore is None or old_key != model.tokenizer_key:
                 replaced, retired = self._feed.reset()
             self.load_error = None
             self._ready.set()
@@ -199,7 +189,7 @@ class CompletionService:
         self._feed.wake()  # buffers opened while loading
         for text in refused:
             self._report("error", text)
-        self._report("info", f"rest-lsp: model {loaded.name} ready on {loaded.device}.")
+        self._report("info", f"rest-lsp: model {model.loaded.name} ready on {model.loaded.device}.")
         self._feed.index_roots()
 
     def _load_failed(self, generation: int, error: str) -> None:
@@ -207,26 +197,14 @@ class CompletionService:
             if generation != self._load_generation or self._closed:
                 return
             self.load_error = error
-            serving = self._loaded.name if self._loaded is not None else None
+            serving = self._model.loaded.name if self._model is not None else None
         kept = f"; still using {serving}." if serving else ""
         self._report("error", f"rest-lsp could not load the model: {error}{kept}")
-
-    def _fit_context(self, new: Settings, fallback: Settings) -> tuple[Settings, list[str]]:
-        """`new`, or `new` with fallback's maxNewTokens and draftBudget when its own leave no room for a prompt in
-        the loaded model's context (under the lock)."""
-        if self._decoder is None or _fits(new, self._decoder.max_context):
-            return new, []
-        context = self._decoder.max_context
-        kept = fallback if _fits(fallback, context) else _clamped(fallback, context)
-        text = (f"rest-lsp: maxNewTokens {new.max_new_tokens} with draftBudget {new.draft_budget} leaves no room for a "
-                f"prompt in the model's context of {context} tokens; using maxNewTokens {kept.max_new_tokens} and "
-                f"draftBudget {kept.draft_budget}.")
-        return dataclasses.replace(new, max_new_tokens=kept.max_new_tokens, draft_budget=kept.draft_budget), [text]
 
     def _tokenize_batch(self, texts: list[str]) -> list[list[int]]:
         """Background tokenizing (indexing, open buffers): its own tokenizer, never the one prompts need."""
         with self._bg_tok_lock:
-            return self._bg_tokenizer.encode_batch(texts)
+            return self._model.background.encode_batch(texts)
 
     def _encode(self, text: str) -> list[int]:
         with self._tok_lock:
@@ -241,8 +219,8 @@ class CompletionService:
         with self._lock:
             old = self.settings
             refused: list[str] = []
-            if settings.model_key == old.model_key:  # a new model is checked when it has loaded
-                settings, refused = self._fit_context(settings, old)
+            if settings.model_key == old.model_key and self._model is not None:  # a new model: when it has loaded
+                settings, refused = fit_context(settings, old, self._model.max_context)
             self.settings = settings
             started = self._started
         for text in refused:
@@ -330,8 +308,8 @@ class CompletionService:
         from rest_lsp.decoding import DecodeConfig
 
         with self._lock:  # one consistent model: a switch meanwhile must not mix tokenizers
-            loaded, decoder, fim, stop_ids = self._loaded, self._decoder, self._fim, self._stop_ids
-            datastore, s = self._datastore, self.settings
+            model, datastore, s = self._model, self._datastore, self.settings
+        loaded, decoder, fim, stop_ids = model.loaded, model.decoder, model.fim, model.stop_ids
         config = DecodeConfig(max_new_tokens=s.max_new_tokens, budget=s.draft_budget)
         # The decoder refuses prompts that cannot fit with the new tokens and one draft tree.
         budget = min(s.context_tokens, decoder.max_context - config.max_new_tokens - config.budget - 1)
@@ -412,7 +390,7 @@ class CompletionService:
                 "model": self._loaded.name if self._loaded is not None else None,
                 "ready": self._ready.is_set(),
                 "load_error": self.load_error,
-                "fim": self._fim.template.name if self._fim else None,
+                "fim": self._model.fim.template.name if self._model is not None and self._model.fim else None,
                 "documents": int(store.get("documents", 0)),
                 "tokens": int(store.get("tokens", 0)),
                 "completions_served": self._served,
@@ -423,17 +401,6 @@ class CompletionService:
                 "mean_ms_per_token": self._decode_ms / self._gen_tokens if self._gen_tokens else None,
                 "last_latency_ms": self._last_latency_ms,
             }
-
-
-def _fits(settings: Settings, context: int) -> bool:
-    return settings.max_new_tokens + settings.draft_budget + 1 + MIN_PROMPT_TOKENS <= context
-
-
-def _clamped(settings: Settings, context: int) -> Settings:
-    """`settings` with maxNewTokens, then draftBudget, cut until a prompt fits the context."""
-    budget = max(0, min(settings.draft_budget, context - 2 - MIN_PROMPT_TOKENS))
-    new = max(1, min(settings.max_new_tokens, context - budget - 1 - MIN_PROMPT_TOKENS))
-    return dataclasses.replace(settings, max_new_tokens=new, draft_budget=budget)
 
 
 def _until_stop(tokens: list[int], stop_ids: frozenset[int]) -> list[int]:
