@@ -34,7 +34,7 @@ def test_the_models_own_output_drafts_the_next_request_at_the_same_place(tiny_mo
         truth = greedy(tiny_models["random"], BEFORE, AFTER, 16)
         first, tokens, steps = decode_delta(svc, "mem://a.py", BEFORE + AFTER, len(BEFORE))
         assert first is not None and first.text == truth
-        assert len(svc._outputs) == 1  # stored whether or not the user takes it
+        assert len(svc._model.outputs) == 1  # stored whether or not the user takes it
         # the same place again (another document, so nothing is type-through): the output is the draft
         again, tokens2, steps2 = decode_delta(svc, "mem://b.py", BEFORE + AFTER, len(BEFORE))
         assert again.text == truth

@@ -541,7 +541,9 @@ def test_shown_suggestions_keep_no_copy_of_the_document(service):
 
 
 def test_accepted_suggestions_in_the_datastore_are_bounded(service, monkeypatch):
-    monkeypatch.setattr(completion_module, "ACCEPTED_DOCUMENTS", 4, raising=False)
+    import rest_lsp.feeding as feeding
+
+    monkeypatch.setattr(feeding, "ACCEPTED_DOCUMENTS", 4)
     datastore = service._datastore
     for i in range(7):
         assert service.accept(None, f"zebra_{i} = compute(limit={i})")
