@@ -21,6 +21,7 @@ import json
 import random
 import re
 import statistics
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -135,6 +136,8 @@ def main() -> None:
                     help="also run REST with the full budget every step (no cut by the step-cost curve)")
     ap.add_argument("--ablate", action="store_true", help="also run REST with each draft source left out in turn")
     ap.add_argument("--useless", action="store_true", help="also run REST with a source that is always wrong")
+    ap.add_argument("--llama-cpp", action="store_true",
+                    help="also time llama.cpp's plain decoding of the same GGUF and prompts (pip install -e .[bench])")
     args = ap.parse_args()
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     corpora = args.corpus or [stdlib / "asyncio", stdlib / "json", stdlib / "email"]
@@ -163,6 +166,7 @@ def main() -> None:
     Decoder(loaded).generate(warm, ContextLookup(), DecodeConfig(max_new_tokens=4, budget=budget))
 
     rows = []
+    prompts_used: list[list[int]] = []
     for corpus in corpora:
         t0 = time.perf_counter()
         store, files, token_lists = index_corpus(tok, corpus)
@@ -176,6 +180,7 @@ def main() -> None:
             suffix = tok.encode(text_after_function(full, offset)[:4000])
             store.remove(str(path))  # the function being written is not in the workspace yet
 
+            prompts_used.append(prompt)
             plain, _, plain_ms = hf_generate(model, prompt, n)
             pld, _, pld_ms = hf_generate(model, prompt, n, prompt_lookup_num_tokens=10)
             row = {
@@ -232,6 +237,16 @@ def main() -> None:
     print(f"| plain (transformers generate) | {summary['median_plain_ms_per_token']:.1f} | 1 | 1x | | | - | - |")
     print(f"| prompt lookup (generate) | {summary['median_pld_ms_per_token']:.1f} | - | {summary['median_speedup_pld']:.2f}x | "
           f"1x | {min(r['speedup_pld'] for r in rows):.2f}x | {summary['pld_identical']}/{len(rows)} | - |")
+    if args.llama_cpp:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from llama_cpp_peer import llama_cpp_plain
+
+        peer = llama_cpp_plain(loaded.name, prompts_used, n, torch.get_num_threads())
+        for r, ms in zip(rows, peer):
+            r["llama_cpp_ms_per_token"] = ms
+        summary["median_llama_cpp_ms_per_token"] = m = statistics.median(peer)
+        print(f"| llama.cpp plain (same GGUF, {torch.get_num_threads()} threads) | {m:.1f} | 1 | "
+              f"{summary['median_plain_ms_per_token'] / m:.2f}x | | | - | - |")
     for c in configs:
         vs_pld = statistics.median(r["pld_ms_per_token"] / r[f"{c}_ms_per_token"] for r in rows)
         summary[c] = {
