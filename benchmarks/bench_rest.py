@@ -156,6 +156,10 @@ def main() -> None:
     if args.ablate:
         configs += [f"-{name}" for name in SOURCE_NAMES]
     decoders = {c: Decoder(loaded) for c in configs}
+    found = decoders["rest"].calibrate()  # this machine's step-cost curve, for every REST decoder
+    for d in decoders.values():
+        d.step_cost = found.curve
+    print("step cost (" + found.source + "): " + ", ".join(f"{k}: {v / found.ms[1]:.2f}x" for k, v in sorted(found.ms.items())))
     recycles = {c: SuccessorTable() for c in configs}
     outputs = {c: OutputStore() for c in configs}
     n = args.max_new_tokens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -11,6 +12,8 @@ from rest_lsp.errors import UserError
 from rest_lsp.acceptance import AcceptanceModel, table_location
 from rest_lsp.drafts import DraftSource, NoDrafts, SuccessorTable, rest_drafts
 from rest_lsp.model import LoadedModel, cache_root, load_model
+
+log = logging.getLogger(__name__)
 
 
 def default_budget(loaded: LoadedModel) -> int:
@@ -78,6 +81,11 @@ def run_generate(request: GenerateRequest, warn: Callable[[str], None]) -> dict:
     # what this model accepted before, saved beside the index: later runs start from it
     table, key = table_location(cache_root(), loaded.name, str(loaded.dtype), loaded.device.type)
     decoder = Decoder(loaded, AcceptanceModel.load(table, key))
+    if request.rest:
+        try:
+            decoder.calibrate()  # this machine's step-cost curve: measured once, then read from the cache
+        except Exception as err:  # noqa: BLE001 - a model too small to time (short context): the built-in curve
+            log.info("no step-cost measurement (%s); tree sizes follow the built-in curve", err)
     result = decoder.generate(ids, drafts, config)
     if request.rest:
         try:
