@@ -86,7 +86,6 @@ class CompletionService:
         self._started = False
         self._closed = False
         self._threads: list[threading.Thread] = []  # loaders and indexers, joined by close()
-        self._calibration_stop = threading.Event()  # ends the step-cost measurement (close)
         self._shown = ShownSuggestions()
         self._accepted = itertools.count(1)
         # stats
@@ -200,20 +199,6 @@ class CompletionService:
             self._report("error", text)
         self._report("info", f"rest-lsp: model {model.loaded.name} ready on {model.loaded.device}.")
         self._feed.index_roots()
-        self._calibrate(model)
-
-    def _calibrate(self, model) -> None:
-        """Measure this machine's step-cost curve for the model (cached per machine, model and dtype) while the
-        decoder is idle, so that tree sizes follow the hardware it runs on, not another machine's constants."""
-        from rest_lsp.calibration import calibrate_when_idle
-
-        def busy() -> bool:
-            return self._requests.busy or self._model is not model
-
-        cache_dir = Path(self.settings.cache_dir) if self.settings.cache_dir else None
-        thread = calibrate_when_idle(model.decoder, busy, self._calibration_stop, cache_dir)
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
     def _load_failed(self, generation: int, error: str) -> None:
         with self._lock:
@@ -262,7 +247,6 @@ class CompletionService:
         Waiting matters: a process that exits while a thread is still inside torch or the
         tokenizer can abort ("terminate called without an active exception").
         """
-        self._calibration_stop.set()
         with self._lock:
             self._closed = True
             self._load_generation += 1

@@ -128,11 +128,6 @@ class RequestQueue:
             self._cond.notify_all()
         return ticket
 
-    @property
-    def busy(self) -> bool:
-        """A request is queued or running (read without the lock: a hint for background work, not a guarantee)."""
-        return bool(self._queue) or self._running is not None
-
     def cancel(self, doc_id: str) -> None:
         """Stop the document's jobs (they answer None)."""
         with self._cond:
