@@ -388,8 +388,3 @@ def rest_drafts(
     sources = [(n, s) for n, s in sources if n not in skip]
     fallback = [("recycle", recycle)] if recycle is not None and "recycle" not in skip else []
     return DraftMix(sources, fallback)
-
-
-def context_and_workspace(workspace) -> DraftMix:
-    """The context and the workspace datastore only (callers without cursor or output history)."""
-    return rest_drafts(workspace=workspace)
