@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import torch
-from transformers import DynamicCache
 
-from rest_lsp.draft_tree import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+from rest_lsp.draft_tree import DraftTree, build_tree
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ REPEATS = 3  # medians of this many rounds, after one warm-up round
 MAX_SECONDS = 10.0  # no new round starts after this long (a round of SmolLM2-135M fp32 takes ~0.8 s on 2 idle cores)
 NOISE_LIMIT = 1.5  # rounds further apart than this (median over sizes of slowest / fastest) are not kept
 # Bumped when what is timed changes (e.g. a new step implementation): older files are then re-measured.
-METHOD = 1
+METHOD = 2  # 2: the decoder's own step (lean engine or transformers), head included
 
 
 @dataclass
@@ -70,9 +69,11 @@ def model_fingerprint(model: torch.nn.Module, name: str) -> str:
     return f"{name}#{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def calibration_key(model: torch.nn.Module, name: str, device: torch.device, dtype: torch.dtype) -> dict:
+def calibration_key(model: torch.nn.Module, name: str, device: torch.device, dtype: torch.dtype,
+                    engine: str = "transformers") -> dict:
     return {
         "method": METHOD,
+        "engine": engine,
         "machine": machine_name(device),
         "device": device.type,
         "model": model_fingerprint(model, name),
@@ -97,36 +98,18 @@ def _test_tree(root: int, vocab: int, size: int) -> DraftTree:
     return tree
 
 
-@torch.inference_mode()
-def _step(model, body, head, cache: DynamicCache, tree: DraftTree, past: int, device, dtype) -> None:
-    """One verification step as `Decoder.verify` runs it (body + head on the root when the head splits off)."""
-    ids = torch.tensor([tree.tokens], device=device)  # [1, n]
-    kwargs = dict(input_ids=ids, position_ids=tree_position_ids(tree, past, device), cache=cache, use_cache=True)
-    if len(tree) > 1:
-        kwargs["attention_mask"] = tree_attention_mask(tree, past, dtype, device)  # [1, 1, n, past+n]
-    if body is None:
-        model(**kwargs).logits[0, 0].float()
-    else:
-        head(body(**kwargs).last_hidden_state[0, :1]).float()  # [1, V]
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@torch.inference_mode()
 def measure_step_times(
-    model: torch.nn.Module,
-    device: torch.device,
-    dtype: torch.dtype,
-    body=None,
-    head=None,
+    step_timer: Callable[[int], Callable[[DraftTree], None]],
+    vocab: int,
+    max_context: int,
     sizes: Sequence[int] = SIZES,
     context: int = CONTEXT,
     repeats: int = REPEATS,
     should_stop: Callable[[], bool] | None = None,
     max_seconds: float = MAX_SECONDS,
 ) -> dict[int, list[float]]:
-    """The ms of each measured round of a step verifying k tokens, for each k in `sizes`, on a fresh cache of
-    `context` tokens.
+    """The ms of each measured round of a step verifying k tokens, for each k in `sizes`, each step on the same
+    cache of `context` tokens (`step_timer(context)` gives the decoder's own step over a cache of its own).
 
     Sizes are interleaved within each round so that a busy moment of the machine hits all of them alike; the
     first round warms up (kernel choice, allocations) and is dropped. Rounds stop early past `max_seconds` (at
@@ -134,22 +117,17 @@ def measure_step_times(
     Raises Interrupted when `should_stop()`.
     """
     start = time.perf_counter()
-    vocab = int(getattr(model.config, "vocab_size", 1000))
-    context = min(context, int(getattr(model.config, "max_position_embeddings", 2048)) - max(sizes) - 1)
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (1, context), generator=gen)  # content does not change the time
-    cache = DynamicCache(config=model.config)  # ours alone: the decoder's cache is never touched
-    model(input_ids=prompt.to(device), cache=cache, use_cache=True, logits_to_keep=1)
-    trees = {k: _test_tree(int(prompt[0, -1]), vocab, k) for k in sizes}
+    context = min(context, max_context - max(sizes) - 1)
+    run = step_timer(context)
+    trees = {k: _test_tree(1, vocab, k) for k in sizes}
     times: dict[int, list[float]] = {k: [] for k in sizes}
     for rnd in range(repeats + 1):
         for k in sizes:
             if should_stop is not None and should_stop():
                 raise Interrupted()
             t0 = time.perf_counter()
-            _step(model, body, head, cache, trees[k], context, device, dtype)
+            run(trees[k])
             elapsed = (time.perf_counter() - t0) * 1e3
-            cache.crop(-k)  # the same cache under every step
             if rnd:
                 times[k].append(elapsed)
         if rnd and time.perf_counter() - start > max_seconds:
@@ -232,21 +210,23 @@ def calibrate(
     device: torch.device,
     dtype: torch.dtype,
     cache_dir: Path,
-    body=None,
-    head=None,
+    step_timer: Callable[[int], Callable[[DraftTree], None]],
+    engine: str = "transformers",
     force: bool = False,
     should_stop: Callable[[], bool] | None = None,
     **measure_kw,
 ) -> Calibration:
-    """The cost curve of this machine, model and dtype: from the cache file, else measured and saved."""
+    """The cost curve of this machine, model, dtype and engine: from the cache file, else measured and saved."""
     from rest_lsp.decoding import cost_curve  # here, not at the top: decoding imports this module
 
-    key = calibration_key(model, name, device, dtype)
+    key = calibration_key(model, name, device, dtype, engine)
     path = cache_file(cache_dir, key)
     ms = None if force else read_cached(path, key)
     source = "cache"
     if ms is None:
-        times = measure_step_times(model, device, dtype, body, head, should_stop=should_stop, **measure_kw)
+        vocab = int(getattr(model.config, "vocab_size", 1000))
+        max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+        times = measure_step_times(step_timer, vocab, max_context, should_stop=should_stop, **measure_kw)
         ms, source = medians(times), "measured"
         cut_short = min(map(len, times.values())) < measure_kw.get("repeats", REPEATS)
         if cut_short or too_noisy(times):

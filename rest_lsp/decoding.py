@@ -20,6 +20,7 @@ from rest_lsp.acceptance import AcceptanceModel
 from rest_lsp.calibration import Calibration, calibrate
 from rest_lsp.draft_tree import DraftTree, build_tree, fit_to_cost, tree_attention_mask, tree_position_ids
 from rest_lsp.drafts import DraftSource, Proposal, propose
+from rest_lsp.lean_llama import KVCache, LeanLlama, unsupported
 from rest_lsp.model import LoadedModel, ModelLoadError, cache_root
 
 
@@ -134,6 +135,16 @@ def _outside_window(mask: torch.Tensor, positions: torch.Tensor, past: int, wind
     return mask.masked_fill(far[None, None], torch.finfo(mask.dtype).min)
 
 
+def likely_nodes(tree: DraftTree) -> list[int]:
+    """The nodes worth one batched head call: the HEAD_BATCH likeliest (root first) when the walk is expected to
+    visit at least HEAD_BATCH_FROM nodes, else none."""
+    if len(tree) == 1 or len(tree.shares) != len(tree):
+        return []
+    if 1.0 + sum(tree.shares[1:]) < HEAD_BATCH_FROM:
+        return []
+    return sorted(range(len(tree)), key=lambda i: -tree.shares[i])[:HEAD_BATCH]
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -144,12 +155,17 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 # Tokens per prefill pass: a long prompt can be given up between passes (a request cancelled meanwhile).
 PREFILL_CHUNK = 256
+# The LM head reads its whole [V, H] weight per call (113 MB for SmolLM2 in fp32), so one call over up to this many
+# likely nodes costs about what two single-row calls do (fp32 GEMM, 2-core AVX2): a step expected to visit this
+# many nodes gets the likeliest ones in one call, the rest one by one as the walk reaches them.
+HEAD_BATCH = 8
+HEAD_BATCH_FROM = 2.5  # expected visited nodes (1 + expected accepted drafts) from which one batched call pays
 
 
 class Decoder:
     """Runs one model; keeps the KV cache of its last sequence so the next prompt pays only for what changed."""
 
-    def __init__(self, loaded: LoadedModel, acceptance: AcceptanceModel | None = None):
+    def __init__(self, loaded: LoadedModel, acceptance: AcceptanceModel | None = None, lean: bool = True):
         self.model = loaded.model
         self.device = loaded.device
         self.dtype = next(loaded.model.parameters()).dtype
@@ -166,6 +182,14 @@ class Decoder:
         self._cache: DynamicCache | None = None
         self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
         self.body, self.head = self._split_head()
+        # Llama-family models run on our own forward and KV cache (a flat, cheap step); others on transformers'.
+        self.lean_unsupported = (
+            "turned off" if not lean
+            else "the LM head does not split off" if self.head is None
+            else "sliding windows or long RoPE" if self.window is not None or self.rope_switch is not None
+            else unsupported(self.model)
+        )
+        self.lean = LeanLlama(self.model, self.max_context) if self.lean_unsupported is None else None
         self.name = loaded.name
         # Until calibrate() has measured this machine: the constants measured on the reference machines.
         self.step_cost = FLAT_STEP_COST if self.device.type == "cuda" else CPU_STEP_COST
@@ -204,10 +228,40 @@ class Decoder:
         raises calibration.Interrupted and keeps the previous curve.
         """
         found = calibrate(self.model, self.name, self.device, self.dtype,
-                          cache_root() if cache_dir is None else cache_dir, self.body, self.head,
+                          cache_root() if cache_dir is None else cache_dir, self.step_timer,
+                          engine=self.engine,
                           force=force, should_stop=should_stop, **measure_kw)
         self.step_cost, self.calibration = found.curve, found
         return found
+
+    @property
+    def engine(self) -> str:
+        return "lean" if self.lean is not None else "transformers"
+
+    @torch.inference_mode()
+    def step_timer(self, context: int) -> Callable[[DraftTree], None]:
+        """run(tree): one verification step as `verify` runs it (the forward pass and the head over the nodes it
+        batches, or the root), on a KV cache of its own holding `context` tokens; the decoder's cache is never
+        touched, so this may run in another thread while the decoder serves."""
+        cache = self._new_cache()
+        prompt = torch.randint(0, self.vocab_size, (context,), generator=torch.Generator().manual_seed(0))  # [T]
+        if self.lean is not None:
+            self.lean.forward(prompt.to(self.device), torch.arange(context, device=self.device), cache)
+        else:
+            self.model(input_ids=prompt[None].to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
+
+        @torch.inference_mode()
+        def run(tree: DraftTree) -> None:
+            logits_at = self._pass(cache, tree)
+            for node in likely_nodes(tree) or [0]:
+                logits_at(node)
+            sync_device(self.device)
+            if isinstance(cache, KVCache):
+                cache.crop(context)
+            else:
+                cache.crop(-len(tree))
+
+        return run
 
     # -- cache ---------------------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -224,12 +278,24 @@ class Decoder:
             pass
         self.reset()
 
-    def _new_cache(self) -> DynamicCache:
+    def _new_cache(self) -> DynamicCache | KVCache:
+        if self.lean is not None:
+            return self.lean.new_cache()
         return DynamicCache() if self.window is not None else DynamicCache(config=self.model.config)
+
+    def _cache_length(self) -> int:
+        return self._cache.length if isinstance(self._cache, KVCache) else self._cache.get_seq_length()
 
     def _crop(self, length: int) -> int:
         """Keep the first `length` cached tokens in every layer; returns how many are kept (0 when a layer has
         fewer than `length`: a damaged cache starts over)."""
+        if isinstance(self._cache, KVCache):
+            if self._cache.length < length:
+                self._cache, self._cached = self._new_cache(), []
+                return 0
+            self._cache.crop(length)
+            del self._cached[length:]
+            return length
         layers = self._cache.layers
         if any(layer.get_seq_length() < length for layer in layers):
             self._cache, self._cached = self._new_cache(), []
@@ -287,6 +353,9 @@ class Decoder:
 
     def _keep_rows(self, base: int, rows: list[int]) -> None:
         """Move the KV rows base+rows[i] to base+i and drop everything after them."""
+        if isinstance(self._cache, KVCache):
+            self._cache.keep_rows(base, rows)
+            return
         if rows != list(range(len(rows))):
             src = torch.tensor(rows, device=self.device) + base
             for layer in self._cache.layers:
@@ -318,9 +387,13 @@ class Decoder:
             if stop is not None and stop():
                 break
             chunk = list(tokens[start : start + size])
-            ids = torch.tensor([chunk], device=self.device)  # [1, T]
-            pos = torch.arange(start, start + len(chunk), device=self.device)[None]  # [1, T]
-            self.model(input_ids=ids, position_ids=pos, cache=self._cache, use_cache=True, logits_to_keep=1)
+            ids = torch.tensor(chunk, device=self.device)  # [T]
+            pos = torch.arange(start, start + len(chunk), device=self.device)  # [T]
+            if self.lean is not None:
+                self.lean.forward(ids, pos, self._cache)
+            else:
+                self.model(input_ids=ids[None], position_ids=pos[None], cache=self._cache, use_cache=True,
+                           logits_to_keep=1)
             self._cached.extend(chunk)
             self._rope_long = long
         return len(self._cached) - keep
@@ -332,20 +405,39 @@ class Decoder:
 
         Returns logits_at(node) -> [V] fp32, computed on demand when the head can be split off.
         """
-        past = self._cache.get_seq_length()
+        return self._pass(self._cache, tree)
+
+    def _pass(self, cache: DynamicCache | KVCache, tree: DraftTree) -> Callable[[int], torch.Tensor]:
+        past = cache.length if isinstance(cache, KVCache) else cache.get_seq_length()
+        if self.lean is not None:
+            ids = torch.tensor(tree.tokens, device=self.device)  # [n+1]
+            pos = torch.tensor(tree.depths, device=self.device) + past  # [n+1]
+            mask = None if len(tree) == 1 else tree_attention_mask(tree, 0, self.dtype, self.device)[0, 0]  # [n+1, n+1]
+            return self._head_at(tree, self.lean.forward(ids, pos, cache, mask))
         ids = torch.tensor([tree.tokens], device=self.device)  # [1, n+1]
         pos = tree_position_ids(tree, past, self.device)  # [1, n+1]
-        kwargs = dict(input_ids=ids, position_ids=pos, cache=self._cache, use_cache=True)
+        kwargs = dict(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
         if len(tree) > 1 or self.window is not None:
             # a lone root on a full cache is a plain step: one query sees the whole cache, no mask to build
             kwargs["attention_mask"] = self._tree_mask(tree, past)  # [1, 1, n+1, past+n+1] (per layer type with windows)
         if self.body is None:
             logits = self.model(**kwargs).logits[0].float()  # [n+1, V]
             return lambda node: logits[node]
-        hidden = self.body(**kwargs).last_hidden_state[0]  # [n+1, H]
+        return self._head_at(tree, self.body(**kwargs).last_hidden_state[0])  # [n+1, H]
+
+    def _head_at(self, tree: DraftTree, hidden: torch.Tensor) -> Callable[[int], torch.Tensor]:
+        """logits_at(node) -> [V] fp32 from hidden states [n+1, H]: the likeliest nodes in one head call when the
+        walk is expected to visit enough of them, any other node alone when the walk reaches it."""
+        done: dict[int, torch.Tensor] = {}
+        rows = likely_nodes(tree)
+        if len(rows) > 1:
+            logits = self.head(hidden[rows]).float()  # [k, V]
+            done = {node: logits[i] for i, node in enumerate(rows)}
 
         @torch.inference_mode()
         def logits_at(node: int) -> torch.Tensor:
+            if node in done:
+                return done[node]
             return self.head(hidden[node : node + 1])[0].float()  # [V]
 
         return logits_at
@@ -458,7 +550,7 @@ class Decoder:
                 tree = fit_to_cost(tree, self.step_cost)
             draft_s += time.perf_counter() - t_draft
             self._match_rope(seq)
-            base = self._cache.get_seq_length()
+            base = self._cache_length()
             logits_at = _memo(self.verify(tree))
             steps += 1
             accepted, path = self.accept(tree, logits_at, config, gen)

@@ -28,7 +28,7 @@ def decoder() -> Decoder:
 
 
 def _key_path(decoder: Decoder, cache_dir):
-    key = calibration_key(decoder.model, decoder.name, decoder.device, decoder.dtype)
+    key = calibration_key(decoder.model, decoder.name, decoder.device, decoder.dtype, decoder.engine)
     return key, cache_file(cache_dir, key)
 
 
@@ -97,11 +97,18 @@ def test_an_unwritable_cache_folder_still_gives_a_curve(decoder, tmp_path, caplo
 
 
 # -- measuring beside a serving decoder ----------------------------------------------------------------------------
-def test_calibrating_in_a_thread_leaves_the_decoders_cache_alone(decoder, tmp_path):
+def _first_keys(decoder: Decoder) -> torch.Tensor:
+    cache = decoder._cache
+    return cache.k[0, :, : cache.length].clone() if decoder.lean is not None else cache.layers[0].keys.clone()
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "transformers"])
+def test_calibrating_in_a_thread_leaves_the_decoders_cache_alone(lean, tmp_path):
+    decoder = Decoder(tiny_model("llama"), lean=lean)
     prompt = [random.Random(1).randrange(97) for _ in range(40)]
     before = decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=12, budget=0)).tokens
-    cache, cached, length = decoder._cache, list(decoder._cached), decoder._cache.get_seq_length()
-    keys0 = decoder._cache.layers[0].keys.clone()
+    cache, cached, length = decoder._cache, list(decoder._cached), decoder._cache_length()
+    keys0 = _first_keys(decoder)
 
     errors: list[BaseException] = []
 
@@ -116,8 +123,8 @@ def test_calibrating_in_a_thread_leaves_the_decoders_cache_alone(decoder, tmp_pa
     worker.join(120)
     assert not worker.is_alive(), "calibration did not finish within 120 s"
     assert not errors, errors
-    assert decoder._cache is cache and decoder._cached == cached and decoder._cache.get_seq_length() == length
-    assert torch.equal(decoder._cache.layers[0].keys, keys0)
+    assert decoder._cache is cache and decoder._cached == cached and decoder._cache_length() == length
+    assert torch.equal(_first_keys(decoder), keys0)
     # and the decoder goes on from its cache as before: same output, only the last token to compute
     again = decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=12, budget=0))
     assert again.tokens == before and again.prefill_tokens == 0

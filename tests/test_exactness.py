@@ -57,10 +57,20 @@ def draft_sources(prompt, truth, vocab, rnd):
     }
 
 
+# Both engines: our own forward over our own KV cache (Llama-family models), and transformers' over DynamicCache.
+ENGINES = [pytest.param(True, id="lean"), pytest.param(False, id="transformers")]
+
+
+def test_llama_family_runs_on_the_lean_engine(tiny):
+    assert Decoder(tiny).lean is not None
+    assert Decoder(tiny, lean=False).lean is None
+
+
+@pytest.mark.parametrize("lean", ENGINES)
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
-def test_greedy_rest_equals_generate(tiny, budget):
+def test_greedy_rest_equals_generate(tiny, budget, lean):
     vocab = tiny.model.config.vocab_size
-    decoder = Decoder(tiny)
+    decoder = Decoder(tiny, lean=lean)
     stats = {}
     for seed in range(6):
         rnd = random.Random(seed * 100 + budget)
@@ -82,11 +92,12 @@ def test_greedy_rest_equals_generate(tiny, budget):
     assert mean["useless"] < mean["perfect"]
 
 
-def test_cache_reuse_across_calls_stays_exact(tiny):
+@pytest.mark.parametrize("lean", ENGINES)
+def test_cache_reuse_across_calls_stays_exact(tiny, lean):
     """The decoder keeps its cache between calls; prompts sharing a prefix, or not, must still decode exactly."""
     vocab = tiny.model.config.vocab_size
     rnd = random.Random(7)
-    decoder = Decoder(tiny)
+    decoder = Decoder(tiny, lean=lean)
     base = [rnd.randrange(vocab) for _ in range(20)]
     prompts = [base, base + [3], base[:10], base[:10] + [4, 5, 6], [9] + base, base + [3, 1]]
     for prompt in prompts:
@@ -123,7 +134,8 @@ def test_should_stop_is_checked_between_steps(tiny):
     assert result.finish == "stopped" and len(result.tokens) == 5 and seen == [1, 2, 3, 4, 5]
 
 
-def test_default_model_greedy_rest_equals_generate(default_model):
+@pytest.mark.parametrize("lean", ENGINES)
+def test_default_model_greedy_rest_equals_generate(default_model, lean):
     tok = default_model.tokenizer
     prompt_text = (
         "import os\n\n\ndef list_python_files(folder):\n"
@@ -132,7 +144,7 @@ def test_default_model_greedy_rest_equals_generate(default_model):
     )
     prompt = tok.encode(prompt_text)
     truth = reference(default_model, prompt, 32)
-    decoder = Decoder(default_model)
+    decoder = Decoder(default_model, lean=lean)
     for source in (ContextLookup(), NgramDrafts([prompt + truth]), NgramDrafts([prompt + corrupted(truth, 3, 49152, random.Random(0))])):
         result = decoder.generate(prompt, source, DecodeConfig(max_new_tokens=32, budget=16))
         assert result.tokens == truth
@@ -140,7 +152,7 @@ def test_default_model_greedy_rest_equals_generate(default_model):
 
 def test_full_logits_path_stays_exact(tiny):
     """Models whose logits are not just head(hidden) run the full forward; that path must be exact too."""
-    decoder = Decoder(tiny)
+    decoder = Decoder(tiny, lean=False)
     assert decoder.body is not None  # Llama and Qwen2 split their head
     decoder.body = decoder.head = None
     rnd = random.Random(11)

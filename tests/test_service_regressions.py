@@ -133,14 +133,27 @@ def test_a_model_switch_while_the_watcher_indexes_does_not_deadlock(tiny_models,
 
 
 def _fail_once(svc: CompletionService):
+    """The next forward pass fails in layer 1, as an out-of-memory would; returns a handle to `remove()`."""
     fired = []
+    decoder = svc._decoder
+    if decoder.lean is None:
+        def boom(module, args, kwargs):
+            if not fired:
+                fired.append(1)
+                raise RuntimeError("CUDA out of memory (simulated)")
 
-    def boom(module, args, kwargs):
-        if not fired:
+        return decoder.model.model.layers[1].register_forward_pre_hook(boom, with_kwargs=True)
+    rms, calls = decoder.lean._rms, []
+
+    def failing_rms(x, weight):  # our own forward calls no modules: its 3rd norm is layer 1's first
+        calls.append(1)
+        if not fired and len(calls) == 3:
             fired.append(1)
             raise RuntimeError("CUDA out of memory (simulated)")
+        return rms(x, weight)
 
-    return svc._decoder.model.model.layers[1].register_forward_pre_hook(boom, with_kwargs=True)
+    decoder.lean._rms = failing_rms
+    return SimpleNamespace(remove=lambda: setattr(decoder.lean, "_rms", rms))
 
 
 def test_a_failure_inside_the_forward_pass_does_not_poison_later_completions(service, tiny_models):

@@ -1,0 +1,210 @@
+"""A decoding step that costs what the hardware needs, for Llama-family models (Llama, Qwen2, Mistral, SmolLM).
+
+Eager transformers pays per step for a DynamicCache that concatenates every layer's cache (a copy of the whole
+cache), a 4-D mask built per call and some fifteen small modules per layer. On a 2-core CPU that overhead is most of
+a 135M model's step. This module runs the same weights (the model's own tensors, not copies; q/k/v and gate/up
+fused into one matmul each, made once) over a KV cache of its own:
+
+  - pre-allocated per layer, grown in blocks, written in place; a step's accepted rows are gathered into place;
+  - attention for a 1-token step needs no mask; a tree step adds its [n, n] mask to the last n key columns only;
+  - RoPE angles computed once for every position, as transformers computes them.
+
+Models it does not know (another attention, a soft-capped head, sliding windows, scaled RoPE) keep the
+transformers path: `LeanLlama.supports(model)` says which. Numerics follow transformers' op order (RMSNorm in fp32,
+the same rotation), so fp32 outputs agree with `model.generate` to rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+KNOWN_TYPES = {"llama", "qwen2", "mistral"}
+CACHE_BLOCK = 512  # cache rows are allocated in blocks: growth copies rarely, and memory follows the sequence
+
+
+def unsupported(model) -> str | None:
+    """Why this model cannot run lean (None: it can)."""
+    cfg = model.config
+    kind = getattr(cfg, "model_type", None)
+    if kind not in KNOWN_TYPES:
+        return f"model type {kind!r}"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) != "default":
+        return "scaled RoPE"
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", kind == "mistral"):
+        return "sliding-window attention"
+    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "mlp_bias", False):
+        return "an MLP other than SiLU-gated"
+    if getattr(cfg, "attention_bias", False) and kind == "llama":
+        return "biased attention output"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "tensor-parallel pretraining slices"
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or model.get_output_embeddings() is None:
+        return "no decoder layers or LM head where Llama keeps them"
+    return None
+
+
+def _rope_theta(cfg) -> float:
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+
+
+@dataclass
+class _Layer:
+    norm_in: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [Hq D, H]
+    norm_post: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2 I, H]
+    down: torch.Tensor  # [H, I]
+
+
+class KVCache:
+    """Keys and values of one sequence, every layer: [L, Hkv, capacity, D] each, the first `length` rows valid."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+        self.shape = (layers, kv_heads, 0, head_dim)
+        self.dtype, self.device = dtype, device
+        self.k = torch.empty(self.shape, dtype=dtype, device=device)
+        self.v = torch.empty(self.shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def reserve(self, rows: int) -> None:
+        """Room for `rows` rows; growing copies the valid rows once per block."""
+        if rows <= self.capacity:
+            return
+        cap = -(-rows // CACHE_BLOCK) * CACHE_BLOCK
+        L, Hkv, _, D = self.shape
+        k = torch.empty((L, Hkv, cap, D), dtype=self.dtype, device=self.device)
+        v = torch.empty((L, Hkv, cap, D), dtype=self.dtype, device=self.device)
+        k[:, :, : self.length] = self.k[:, :, : self.length]
+        v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def keep_rows(self, base: int, rows: list[int]) -> None:
+        """Rows base+rows[i] move to base+i (the accepted path of a tree step); everything after is dropped."""
+        if rows != list(range(len(rows))):
+            src = torch.tensor(rows, device=self.device) + base
+            end = base + len(rows)
+            self.k[:, :, base:end] = self.k[:, :, src]  # [L, Hkv, len(rows), D]
+            self.v[:, :, base:end] = self.v[:, :, src]
+        self.length = base + len(rows)
+
+
+class LeanLlama:
+    """The forward pass of a Llama-family model over a KVCache; returns hidden states (the head is the caller's)."""
+
+    def __init__(self, model, max_positions: int):
+        cfg = model.config
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.eps = cfg.rms_norm_eps
+        self.embed = model.get_input_embeddings().weight  # [V, H]
+        self.norm = model.model.norm.weight  # [H]
+        self.layers = [self._fuse(layer) for layer in model.model.layers]
+        self.theta, self.max_positions = _rope_theta(cfg), max_positions
+        self.cos, self.sin = self._rope_table(min(max_positions, 2 * CACHE_BLOCK))  # [P, D] each, grown on demand
+
+    @torch.inference_mode()
+    def _fuse(self, layer) -> _Layer:
+        at, mlp = layer.self_attn, layer.mlp
+        biases = [at.q_proj.bias, at.k_proj.bias, at.v_proj.bias]
+        return _Layer(
+            norm_in=layer.input_layernorm.weight,
+            qkv=torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]).contiguous(),
+            qkv_bias=None if biases[0] is None else torch.cat(biases).contiguous(),
+            o=at.o_proj.weight,
+            norm_post=layer.post_attention_layernorm.weight,
+            gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous(),
+            down=mlp.down_proj.weight,
+        )
+
+    def _rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # as transformers' default rotary embedding: fp32 angles, cos/sin cast to the model's dtype
+        d = self.head_dim
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=self.device).float() / d))
+        pos = torch.arange(positions, device=self.device).float()
+        freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """ids, positions [n]; tree_mask [n, n] additive (None: causal among the n new tokens). Appends the n
+        tokens' keys and values at cache.length and returns the last hidden states [n, H] after the final norm."""
+        n = ids.shape[0]
+        past = cache.length
+        total = past + n
+        cache.reserve(total)
+        if total > self.cos.shape[0]:
+            self.cos, self.sin = self._rope_table(max(total, min(self.max_positions, 2 * self.cos.shape[0])))
+        Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
+        group = Hq // Hkv
+        cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, n, D]
+        mask = self._mask(n, past, tree_mask)  # [n, past+n] or None
+        x = self.embed[ids]  # [n, H]
+        for li, layer in enumerate(self.layers):
+            h = self._rms(x, layer.norm_in)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)  # [n, (Hq + 2 Hkv) D]
+            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+            q = self._rotate(q.view(n, Hq, D).transpose(0, 1), cos, sin)  # [Hq, n, D]
+            k = self._rotate(k.view(n, Hkv, D).transpose(0, 1), cos, sin)  # [Hkv, n, D]
+            cache.k[li, :, past:total] = k
+            cache.v[li, :, past:total] = v.view(n, Hkv, D).transpose(0, 1)
+            keys, values = cache.k[li, :, :total], cache.v[li, :, :total]  # [Hkv, S, D]
+            # query heads grouped under their key head: no copy of the cache per query head
+            q = q.reshape(Hkv, group * n, D)
+            scores = torch.bmm(q, keys.transpose(1, 2)) * (D**-0.5)  # [Hkv, group n, S]
+            if mask is not None:
+                scores = scores.view(Hkv, group, n, total).add_(mask).view(Hkv, group * n, total)
+            probs = torch.softmax(scores.float(), dim=-1).to(self.dtype)
+            out = torch.bmm(probs, values)  # [Hkv, group n, D]
+            out = out.view(Hq, n, D).transpose(0, 1).reshape(n, Hq * D)  # [n, Hq D]
+            x = x + F.linear(out, layer.o)
+            h = self._rms(x, layer.norm_post)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)  # [n, I] each
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        cache.length = total
+        return self._rms(x, self.norm)  # [n, H]
+
+    def _mask(self, n: int, past: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
+        if n == 1:
+            return None  # one query sees the whole cache
+        if tree_mask is None:  # a prefill chunk: causal among its own tokens
+            tree_mask = torch.full((n, n), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device).triu_(1)
+        mask = torch.zeros((n, past + n), dtype=self.dtype, device=self.device)
+        mask[:, past:] = tree_mask
+        return mask  # [n, past+n]
