@@ -136,6 +136,8 @@ def main() -> None:
                     help="also run REST with the full budget every step (no cut by the step-cost curve)")
     ap.add_argument("--ablate", action="store_true", help="also run REST with each draft source left out in turn")
     ap.add_argument("--useless", action="store_true", help="also run REST with a source that is always wrong")
+    ap.add_argument("--transformers-engine", action="store_true",
+                    help="also run REST on transformers' forward and DynamicCache instead of our lean engine")
     ap.add_argument("--llama-cpp", action="store_true",
                     help="also time llama.cpp's plain decoding of the same GGUF and prompts (pip install -e .[bench])")
     args = ap.parse_args()
@@ -152,14 +154,19 @@ def main() -> None:
 
     # One decoder per REST configuration, each with its own cache, learned acceptance and model habits, all
     # starting empty (nothing loaded from disk) and living across corpora, as in a server.
-    configs = ["rest"] + (["fixed"] if args.compare_fixed else []) + (["useless"] if args.useless else [])
+    configs = ["own-plain", "rest"] + (["fixed"] if args.compare_fixed else []) + (["useless"] if args.useless else [])
+    configs += ["rest-transformers"] if args.transformers_engine else []
     if args.ablate:
         configs += [f"-{name}" for name in SOURCE_NAMES]
-    decoders = {c: Decoder(loaded) for c in configs}
-    found = decoders["rest"].calibrate()  # this machine's step-cost curve, for every REST decoder
-    for d in decoders.values():
-        d.step_cost = found.curve
-    print("step cost (" + found.source + "): " + ", ".join(f"{k}: {v / found.ms[1]:.2f}x" for k, v in sorted(found.ms.items())))
+    decoders = {c: Decoder(loaded, lean=c != "rest-transformers") for c in configs}
+    found = {}
+    for d in decoders.values():  # this machine's step-cost curve, per engine
+        if d.engine not in found:
+            found[d.engine] = d.calibrate()
+            ms = found[d.engine].ms
+            print(f"step cost, {d.engine} engine ({found[d.engine].source}): {ms[1]:.1f} ms for 1 token; "
+                  + ", ".join(f"{k}: {v / ms[1]:.2f}x" for k, v in sorted(ms.items())))
+        d.step_cost = found[d.engine].curve
     recycles = {c: SuccessorTable() for c in configs}
     outputs = {c: OutputStore() for c in configs}
     n = args.max_new_tokens
@@ -199,8 +206,8 @@ def main() -> None:
                     drafts = rest_drafts(store, suffix=suffix, outputs=outputs[c], recycle=recycles[c],
                                          exclude=[c[1:]] if c.startswith("-") else ())
                 decoders[c].reset()  # a cold cache per prompt, as for the others
-                result = decoders[c].generate(prompt, drafts, DecodeConfig(max_new_tokens=n, budget=budget,
-                                                                           fit_to_cost=c != "fixed"))
+                result = decoders[c].generate(prompt, drafts, DecodeConfig(
+                    max_new_tokens=n, budget=0 if c == "own-plain" else budget, fit_to_cost=c != "fixed"))
                 outputs[c].add(prompt[-32:], result.tokens)
                 row.update({
                     f"{c}_ms_per_token": result.ms_per_token,
@@ -233,7 +240,8 @@ def main() -> None:
         "pld_identical": sum(r["pld_equals_plain"] for r in rows),
         "budget": budget, "device": str(loaded.device), "dtype": str(loaded.dtype), "max_new_tokens": n,
     }
-    labels = {"rest": "REST (default)", "fixed": "REST, full budget every step", "useless": "REST, always-wrong source",
+    labels = {"own-plain": "plain, rest-lsp's engine (no drafts)", "rest": "REST (default)",
+              "rest-transformers": "REST on transformers' forward", "fixed": "REST, full budget every step", "useless": "REST, always-wrong source",
               **{f"-{s}": f"REST without {s}" for s in SOURCE_NAMES}}
     print("\n| configuration | median ms/token | median tokens/step | median speedup vs plain | vs prompt lookup | "
           "slowest prompt vs plain | identical to plain | drafting share of decode time |")

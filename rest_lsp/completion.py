@@ -197,6 +197,8 @@ class CompletionService:
         self._feed.wake()  # buffers opened while loading
         for text in refused:
             self._report("error", text)
+        for text in model.loaded.notes:  # e.g. bf16 asked for on a CPU that only emulates it
+            self._report("warning", text)
         self._report("info", f"rest-lsp: model {model.loaded.name} ready on {model.loaded.device}.")
         self._feed.index_roots()
 

@@ -64,6 +64,17 @@ class _Layer:
     down: torch.Tensor  # [H, I]
 
 
+def _fused(linears, name: str) -> torch.Tensor:
+    """The `name` tensors of `linears` concatenated along dim 0; each module's parameter becomes a view into it."""
+    whole = torch.cat([getattr(m, name).detach() for m in linears]).contiguous()
+    start = 0
+    for m in linears:
+        rows = getattr(m, name).shape[0]
+        setattr(m, name, torch.nn.Parameter(whole[start : start + rows], requires_grad=False))
+        start += rows
+    return whole
+
+
 class KVCache:
     """Keys and values of one sequence, every layer: [L, Hkv, capacity, D] each, the first `length` rows valid."""
 
@@ -119,21 +130,30 @@ class LeanLlama:
         self.eps = cfg.rms_norm_eps
         self.embed = model.get_input_embeddings().weight  # [V, H]
         self.norm = model.model.norm.weight  # [H]
-        self.layers = [self._fuse(layer) for layer in model.model.layers]
+        # fused once per model and shared by every LeanLlama over it (each Decoder builds one)
+        fused = getattr(model, "_lean_layers", None)
+        q = model.model.layers[0].self_attn.q_proj.weight
+        if fused is None or fused[0].qkv.data_ptr() != q.data_ptr():  # never fused, or moved/cast since
+            model._lean_layers = [self._fuse(layer) for layer in model.model.layers]
+        self.layers = model._lean_layers
         self.theta, self.max_positions = _rope_theta(cfg), max_positions
         self.cos, self.sin = self._rope_table(min(max_positions, 2 * CACHE_BLOCK))  # [P, D] each, grown on demand
 
-    @torch.inference_mode()
-    def _fuse(self, layer) -> _Layer:
+    @staticmethod
+    @torch.no_grad()
+    def _fuse(layer) -> _Layer:
+        """One matmul for q, k and v, one for gate and up. The modules' own weights become views into the fused
+        tensors, so the model holds its weights once and the transformers path keeps working on them."""
         at, mlp = layer.self_attn, layer.mlp
-        biases = [at.q_proj.bias, at.k_proj.bias, at.v_proj.bias]
+        qkv = _fused([at.q_proj, at.k_proj, at.v_proj], "weight")
+        bias = _fused([at.q_proj, at.k_proj, at.v_proj], "bias") if at.q_proj.bias is not None else None
         return _Layer(
             norm_in=layer.input_layernorm.weight,
-            qkv=torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]).contiguous(),
-            qkv_bias=None if biases[0] is None else torch.cat(biases).contiguous(),
+            qkv=qkv,
+            qkv_bias=bias,
             o=at.o_proj.weight,
             norm_post=layer.post_attention_layernorm.weight,
-            gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous(),
+            gate_up=_fused([mlp.gate_proj, mlp.up_proj], "weight"),
             down=mlp.down_proj.weight,
         )
 

@@ -85,6 +85,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     name: str
+    notes: list[str] = field(default_factory=list)  # sentences for the user: what was chosen instead of what was asked
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -110,13 +111,21 @@ def pick_device(device: str | None) -> torch.device:
     return dev
 
 
-def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+def pick_dtype(dtype: str | None, device: torch.device) -> tuple[torch.dtype, str | None]:
+    """(the dtype to run, a sentence for the user when it is not the one asked for).
+
+    auto: bf16 on GPUs and on CPUs that compute it in hardware (AVX512-BF16, AMX); fp32 elsewhere, where emulated
+    bf16 is slower than fp32. float32 is the exact mode everywhere.
+    """
+    from rest_lsp.calibration import native_bf16, runnable_dtype
+
     if dtype in (None, "", "auto"):
-        # bf16 on GPUs is the usual serving dtype; fp32 on CPU is exact and, at this size, not slower.
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda":
+            return runnable_dtype(device, torch.bfloat16)[0], None
+        return (torch.bfloat16 if device.type == "cpu" and native_bf16() else torch.float32), None
     if dtype not in DTYPES:
         raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)} or 'auto'.")
-    return DTYPES[dtype]
+    return runnable_dtype(device, DTYPES[dtype])
 
 
 def _resolve(spec: str | None) -> tuple[str, str | None]:
@@ -266,8 +275,11 @@ def _gguf_tokenizer(folder: str, gguf_file: str):
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     dev = pick_device(device)
-    dt = pick_dtype(dtype, dev)
+    dt, note = pick_dtype(dtype, dev)
+    if note:
+        log.warning(note)
     model, tok = _load(spec, dt)
     model.to(dev).eval()
     tokenizer = Tokenizer(tok)
-    return LoadedModel(model=model, tokenizer=tokenizer, device=dev, dtype=dt, name=spec or DEFAULT_MODEL)
+    return LoadedModel(model=model, tokenizer=tokenizer, device=dev, dtype=dt, name=spec or DEFAULT_MODEL,
+                       notes=[note] if note else [])

@@ -16,7 +16,7 @@ from rest_lsp.decoding import CPU_STEP_COST, DecodeConfig, Decoder, cost_curve
 from rest_lsp.draft_tree import DraftTree, fit_to_cost
 from rest_lsp.drafts import Proposal
 
-from tests.conftest import tiny_model
+from tests.conftest import tiny_folder, tiny_model
 
 # Small and quick on a tiny model: what is tested is the plumbing, not the numbers.
 QUICK = dict(sizes=(1, 2, 4, 8), context=48, repeats=1)
@@ -259,6 +259,30 @@ def test_float16_on_a_cpu_without_it_falls_back_and_names_bfloat16_when_that_is_
     dtype, note = runnable_dtype(CPU, torch.float16, flags=X86_OLD, capability="AVX2")
     assert dtype == torch.float32 and _one_sentence(note) and "bfloat16" not in note
     assert runnable_dtype(CPU, torch.float16, flags=X86_AMX, capability="AVX512") == (torch.float16, None)
+
+
+def test_loading_a_model_in_a_dtype_this_cpu_only_emulates_falls_back_with_one_sentence(tmp_path, monkeypatch, caplog):
+    from rest_lsp.model import load_model
+
+    monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibration, "cpu_flags", lambda cpuinfo=None: set(X86_OLD))
+    folder = tiny_folder(tmp_path / "m")
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.model"):
+        loaded = load_model(str(folder), "cpu", "bfloat16")
+    assert loaded.dtype == torch.float32 and next(loaded.model.parameters()).dtype == torch.float32
+    assert len(loaded.notes) == 1 and _one_sentence(loaded.notes[0])
+    assert [r.getMessage() for r in caplog.records] == loaded.notes
+    # auto picks bf16 only where the CPU computes it natively
+    assert load_model(str(folder), "cpu", "auto").dtype == torch.float32
+
+
+def test_auto_dtype_is_bfloat16_on_a_cpu_that_computes_it(tmp_path, monkeypatch):
+    from rest_lsp.model import pick_dtype
+
+    monkeypatch.setattr(calibration, "cpu_flags", lambda cpuinfo=None: set(X86_AMX))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert pick_dtype("auto", CPU) == (torch.bfloat16, None)
+    assert pick_dtype("float32", CPU) == (torch.float32, None)  # the exact mode, always
 
 
 def test_float32_always_runs():

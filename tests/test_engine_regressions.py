@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_folder, tiny_model
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
@@ -186,20 +186,6 @@ def test_the_prefill_stops_between_chunks_when_cancelled():
 # -- model loading ------------------------------------------------------------------------------------------------
 
 
-def _tiny_folder(path: Path) -> Path:
-    from tokenizers import Tokenizer as RawTokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1,
-                                 max_position_embeddings=64)).save_pretrained(path)
-    raw = RawTokenizer(models.WordLevel({f"w{i}": i for i in range(31)} | {"[UNK]": 31}, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="w0", unk_token="[UNK]").save_pretrained(path)
-    return path
-
-
 @pytest.fixture
 def model_module(tmp_path, monkeypatch):
     import rest_lsp.model as module
@@ -210,7 +196,7 @@ def model_module(tmp_path, monkeypatch):
 
 def _fake_gguf(tmp_path: Path, module, monkeypatch, name="m.gguf") -> tuple[str, list]:
     """A .gguf path whose 'conversion' loads a tiny model folder; returns (path, list of conversions)."""
-    source = _tiny_folder(tmp_path / "source")
+    source = tiny_folder(tmp_path / "source")
     (tmp_path / "g").mkdir()
     gguf = tmp_path / "g" / name
     gguf.write_bytes(b"GGUF" + b"\0" * 60)
@@ -228,7 +214,7 @@ def _fake_gguf(tmp_path: Path, module, monkeypatch, name="m.gguf") -> tuple[str,
 
 
 def test_corrupt_weights_give_a_model_load_error(tmp_path, model_module):
-    folder = _tiny_folder(tmp_path / "m")
+    folder = tiny_folder(tmp_path / "m")
     next(folder.glob("*.safetensors")).write_bytes(b"\0" * 100)
     with pytest.raises(model_module.ModelLoadError, match="Could not load model"):
         model_module.load_model(str(folder), "cpu", "float32")

@@ -1,0 +1,105 @@
+"""How often bf16 changes what the model writes: REST in bf16 against plain bf16 and plain fp32 decoding.
+
+A tree step in bf16 rounds differently from a one-token step (other matmul shapes), so greedy REST in bf16 is not
+token-identical to plain bf16 decoding the way it is in fp32. This measures how often a completion differs, over
+function starts of real code (the same completion points as bench_rest.py), and where the first difference falls.
+
+    .venv/bin/python benchmarks/bench_bf16.py --prompts 10      # 3 stdlib folders x 10 = 30 completions
+
+Runs the bf16 numerics on any CPU (emulated where the CPU lacks bf16: slow, but the same roundings up to the
+accumulation order); the timings are not the point. Prints a table; writes benchmarks/results/bf16.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import sysconfig
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_rest import completion_points, index_corpus, text_after_function  # noqa: E402
+
+from rest_lsp.decoding import DecodeConfig, Decoder  # noqa: E402
+from rest_lsp.drafts import OutputStore, SuccessorTable, rest_drafts  # noqa: E402
+from rest_lsp.model import load_model  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def generate(model, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--prompts", type=int, default=10, help="completion points per corpus")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    corpora = [stdlib / "asyncio", stdlib / "json", stdlib / "email"]
+
+    fp32 = load_model(args.model, "cpu", "float32")
+    # bf16 by hand: load_model falls back to fp32 on a CPU without native bf16, and here the numerics are the point
+    bf16 = replace(fp32, model=load_model(args.model, "cpu", "float32").model.to(torch.bfloat16), dtype=torch.bfloat16)
+    tok, n = fp32.tokenizer, args.max_new_tokens
+    rest = {"fp32": Decoder(fp32), "bf16": Decoder(bf16)}
+    outputs = {k: OutputStore() for k in rest}
+    recycle = {k: SuccessorTable() for k in rest}
+    rows = []
+    for corpus in corpora:
+        store, files, token_lists = index_corpus(tok, corpus)
+        for path, offset in completion_points(files, args.prompts, args.seed):
+            full = path.read_text(encoding="utf-8", errors="replace")
+            prompt = tok.encode(full[:offset])[-args.context:]
+            suffix = tok.encode(text_after_function(full, offset)[:4000])
+            store.remove(str(path))
+            row = {"point": f"{corpus.name}/{path.relative_to(corpus)}:{full[:offset].count(chr(10))}",
+                   "plain_fp32": generate(fp32.model, prompt, n), "plain_bf16": generate(bf16.model, prompt, n)}
+            for k, decoder in rest.items():
+                decoder.reset()
+                drafts = rest_drafts(store, suffix=suffix, outputs=outputs[k], recycle=recycle[k])
+                result = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=n))
+                outputs[k].add(prompt[-32:], result.tokens)
+                row[f"rest_{k}"] = result.tokens
+                row[f"rest_{k}_tokens_per_step"] = result.tokens_per_step
+            store.put(str(path), token_lists[files.index(path)])
+            rows.append(row)
+            print(f"  {row['point']}: REST bf16 == plain bf16: {row['rest_bf16'] == row['plain_bf16']}, "
+                  f"plain bf16 == plain fp32: {row['plain_bf16'] == row['plain_fp32']}", flush=True)
+        store.close()
+
+    pairs = [("REST fp32", "rest_fp32", "plain fp32", "plain_fp32"),
+             ("REST bf16", "rest_bf16", "plain bf16", "plain_bf16"),
+             ("REST bf16", "rest_bf16", "plain fp32", "plain_fp32"),
+             ("plain bf16", "plain_bf16", "plain fp32", "plain_fp32")]
+    summary = {"completions": len(rows), "max_new_tokens": n, "model": fp32.name}
+    print(f"\n{len(rows)} completions of {n} tokens, greedy")
+    print("| output | compared with | identical completions | first difference at (median token, of those that differ) |")
+    print("|---|---|---|---|")
+    for a_name, a, b_name, b in pairs:
+        same = sum(r[a] == r[b] for r in rows)
+        where = sorted(first_difference(r[a], r[b]) for r in rows if r[a] != r[b])
+        at = f"{where[len(where) // 2]}" if where else "-"
+        summary[f"{a} vs {b}"] = {"identical": same, "first_difference_median": where[len(where) // 2] if where else None}
+        print(f"| {a_name} | {b_name} | {same}/{len(rows)} ({100 * same / len(rows):.0f}%) | {at} |")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bf16.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
