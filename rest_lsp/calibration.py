@@ -214,15 +214,19 @@ def calibrate(
     engine: str = "transformers",
     force: bool = False,
     should_stop: Callable[[], bool] | None = None,
+    measure: bool = True,
     **measure_kw,
-) -> Calibration:
-    """The cost curve of this machine, model, dtype and engine: from the cache file, else measured and saved."""
+) -> Calibration | None:
+    """The cost curve of this machine, model, dtype and engine: from the cache file, else measured and saved
+    (with `measure=False`: None when there is no cache file to read)."""
     from rest_lsp.decoding import cost_curve  # here, not at the top: decoding imports this module
 
     key = calibration_key(model, name, device, dtype, engine)
     path = cache_file(cache_dir, key)
     ms = None if force else read_cached(path, key)
     source = "cache"
+    if ms is None and not measure:
+        return None
     if ms is None:
         vocab = int(getattr(model.config, "vocab_size", 1000))
         max_context = int(getattr(model.config, "max_position_embeddings", 2048))

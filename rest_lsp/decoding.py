@@ -218,9 +218,11 @@ class Decoder:
         return (body, head) if same else (None, None)
 
     def calibrate(self, cache_dir: Path | None = None, force: bool = False,
-                  should_stop: Callable[[], bool] | None = None, **measure_kw) -> Calibration:
+                  should_stop: Callable[[], bool] | None = None, measure: bool = True,
+                  **measure_kw) -> Calibration | None:
         """Measure (or read from the cache folder) this machine's step-cost curve; tree sizing uses it from the
-        next step on, on CPU and CUDA alike.
+        next step on, on CPU and CUDA alike. `measure=False` only reads it (None, and no change, when it was never
+        measured here): what a server does at start, when every core is the first request's.
 
         Safe in a background thread while this decoder serves: it times steps on a KV cache of its own and only
         swaps `step_cost` at the end. Run it while the decoder is idle, though: the timings of a step that shares
@@ -229,9 +231,10 @@ class Decoder:
         """
         found = calibrate(self.model, self.name, self.device, self.dtype,
                           cache_root() if cache_dir is None else cache_dir, self.step_timer,
-                          engine=self.engine,
-                          force=force, should_stop=should_stop, **measure_kw)
-        self.step_cost, self.calibration = found.curve, found
+                          engine=self.engine, force=force, should_stop=should_stop, measure=measure,
+                          **measure_kw)
+        if found is not None:
+            self.step_cost, self.calibration = found.curve, found
         return found
 
     @property

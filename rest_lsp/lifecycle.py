@@ -63,6 +63,9 @@ def load_serving_model(settings: Settings) -> ServingModel:
     cache_dir = Path(settings.cache_dir) if settings.cache_dir else cache_root()
     table = table_location(cache_dir, loaded.name, str(loaded.dtype), loaded.device.type)
     decoder = Decoder(loaded, AcceptanceModel.load(*table))
+    # this machine's step-cost curve when one was measured here before (`rest-lsp generate`, bench_rest): reading
+    # it is free, while measuring now would take the cores from the first requests
+    decoder.calibrate(cache_dir, measure=False)
     background = Tokenizer(copy.deepcopy(loaded.tokenizer.hf))
     hf = loaded.tokenizer.hf
     fim = detect_fim(hf)

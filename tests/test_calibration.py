@@ -45,6 +45,17 @@ def test_cache_round_trip(decoder, tmp_path):
     assert second.ms == first.ms and second.curve == first.curve and again.step_cost == first.curve
 
 
+def test_reading_only_never_measures(decoder, tmp_path):
+    """What the server does at start: the curve measured here before, or nothing (the built-in curve stays)."""
+    before = decoder.step_cost
+    assert decoder.calibrate(tmp_path, measure=False) is None and decoder.step_cost is before
+    assert not list(tmp_path.rglob("*.json"))
+    measured = decoder.calibrate(tmp_path, **QUICK)
+    again = Decoder(tiny_model("llama"))
+    read = again.calibrate(tmp_path, measure=False)
+    assert read.source == "cache" and again.step_cost == measured.curve
+
+
 def test_another_dtype_or_model_gets_its_own_file(decoder, tmp_path):
     _, path = _key_path(decoder, tmp_path)
     other = Decoder(tiny_model("qwen2"))
