@@ -137,6 +137,7 @@ class LeanLlama:
             model._lean_layers = [self._fuse(layer) for layer in model.model.layers]
         self.layers = model._lean_layers
         self.theta, self.max_positions = _rope_theta(cfg), max_positions
+        self._causal: torch.Tensor | None = None  # [n, n] additive causal mask, kept for the next prefill chunk
         self.cos, self.sin = self._rope_table(min(max_positions, 2 * CACHE_BLOCK))  # [P, D] each, grown on demand
 
     @staticmethod
@@ -194,7 +195,7 @@ class LeanLlama:
         Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
         group = Hq // Hkv
         cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, n, D]
-        mask = self._mask(n, past, tree_mask)  # [n, past+n] or None
+        mask = self._mask(n, tree_mask)  # [n, n] over the new tokens only (every new token sees the whole cache)
         x = self.embed[ids]  # [n, H]
         for li, layer in enumerate(self.layers):
             h = self._rms(x, layer.norm_in)
@@ -209,7 +210,7 @@ class LeanLlama:
             q = q.reshape(Hkv, group * n, D)
             scores = torch.bmm(q, keys.transpose(1, 2)) * (D**-0.5)  # [Hkv, group n, S]
             if mask is not None:
-                scores = scores.view(Hkv, group, n, total).add_(mask).view(Hkv, group * n, total)
+                scores.view(Hkv, group, n, total)[..., past:].add_(mask)
             probs = torch.softmax(scores.float(), dim=-1).to(self.dtype)
             out = torch.bmm(probs, values)  # [Hkv, group n, D]
             out = out.view(Hq, n, D).transpose(0, 1).reshape(n, Hq * D)  # [n, Hq D]
@@ -220,11 +221,12 @@ class LeanLlama:
         cache.length = total
         return self._rms(x, self.norm)  # [n, H]
 
-    def _mask(self, n: int, past: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
+    def _mask(self, n: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         if n == 1:
             return None  # one query sees the whole cache
-        if tree_mask is None:  # a prefill chunk: causal among its own tokens
-            tree_mask = torch.full((n, n), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device).triu_(1)
-        mask = torch.zeros((n, past + n), dtype=self.dtype, device=self.device)
-        mask[:, past:] = tree_mask
-        return mask  # [n, past+n]
+        if tree_mask is not None:
+            return tree_mask
+        if self._causal is None or self._causal.shape[0] < n:  # prefill chunks: one buffer, sliced per chunk
+            self._causal = torch.full((n, n), torch.finfo(self.dtype).min, dtype=self.dtype,
+                                      device=self.device).triu_(1)
+        return self._causal[:n, :n]
