@@ -21,7 +21,7 @@ Checks (the table says each figure, and the exit status is 1 when one fails):
     its range is the request's cursor, and two answers carrying the same suggestion id (type-through) extend
     the text before their cursors to the same text;
   - the last request gets an answer (a result, possibly empty; not an error, not a hang);
-  - the server's resident memory (VmRSS, /proc/PID/status, sampled through the storm) grows by less than
+  - the server's resident memory (VmRSS, /proc/PID/status, sampled while the person types) grows by less than
     `--rss-limit-mb` after warm-up (the first `--warmup-s`);
   - the server is idle (its CPU time, /proc/PID/stat, stops growing for QUIET_S) within `--idle-limit-s` of the
     last answer. Whatever the server does in the background after typing stops (indexing the buffer, warming
@@ -307,8 +307,9 @@ def summarize(storm: Storm, warmup_s: float, keys: int, rate: float) -> dict:
     answered = [(r.reply.arrived - r.reply.sent) * 1e3 for r in storm.requests
                 if r.reply.arrived is not None and r.reply.outcome()[1] is None]
     typing_s = storm.stopped - storm.started
-    warm = [s for s in storm.samples if s[0] >= warmup_s]
+    warm = [s for s in storm.samples if warmup_s <= s[0] <= typing_s]  # the storm after warm-up
     at_warm = warm[0][1] if warm else None
+    answering = [s[1] for s in storm.samples if s[0] > typing_s]  # until the last answer, and the end
     return {
         "keystrokes": keys, "rate_per_s": rate, "typing_s": round(typing_s, 2),
         "achieved_rate_per_s": round((keys - 1) / typing_s, 2) if typing_s > 0 else None,
@@ -322,13 +323,25 @@ def summarize(storm: Storm, warmup_s: float, keys: int, rate: float) -> dict:
         "rss_mb_start": round(storm.samples[0][1], 1) if storm.samples else None,
         "rss_mb_after_warmup": round(at_warm, 1) if at_warm is not None else None,
         "rss_mb_peak_after_warmup": round(max(s[1] for s in warm), 1) if warm else None,
+        "rss_mb_typing_stopped": round(warm[-1][1], 1) if warm else None,
+        "rss_mb_peak_answering_last": round(max(answering), 1) if answering else None,
         "rss_mb_end": round(storm.samples[-1][1], 1) if storm.samples else None,
         "rss_growth_mb": round(max(s[1] for s in warm) - at_warm, 1) if warm else None,
+        "rss_mb_each_second": _each_second(storm.samples),
         "server_cpu_s_during_typing": round(_cpu_between(storm.samples, 0, typing_s), 2),
         "idle_s_after_last_answer": (round(max(0.0, storm.idle_at - storm.last_answered), 3)
                                      if storm.idle_at is not None and storm.last_answered is not None else None),
         "idle_s_after_typing": round(storm.idle_at - storm.stopped, 3) if storm.idle_at is not None else None,
     }
+
+
+def _each_second(samples) -> list[float]:
+    """RSS (MB) at each whole second, for the JSON."""
+    out = []
+    for t, rss, _ in samples:
+        if t >= len(out):
+            out.append(round(rss, 1))
+    return out
 
 
 def _cpu_between(samples, t0: float, t1: float) -> float:
@@ -378,12 +391,16 @@ def table(summary: dict, failed: list[str], rss_limit_mb: float, idle_limit_s: f
         ("last request", summary["last_request"],
          ok(summary["last_request"] != "no reply" and not summary["last_request"].startswith("error"))),
         ("last answer, s after the last keystroke", num(summary["last_answer_s_after_typing"]), ""),
-        ("RSS MB: start / after warm-up / peak after / end",
+        ("RSS MB: start / after warm-up / peak after / typing stopped",
          f"{summary['rss_mb_start']} / {summary['rss_mb_after_warmup']} / {summary['rss_mb_peak_after_warmup']}"
-         f" / {summary['rss_mb_end']}", ""),
+         f" / {summary['rss_mb_typing_stopped']}", ""),
+        ("RSS MB: peak while answering the last request / end",
+         f"{summary['rss_mb_peak_answering_last']} / {summary['rss_mb_end']}", ""),
         (f"RSS growth after warm-up, MB (limit {rss_limit_mb})", num(summary["rss_growth_mb"]),
          ok(summary["rss_growth_mb"] is not None and summary["rss_growth_mb"] < rss_limit_mb)),
         ("server CPU s while typing", num(summary["server_cpu_s_during_typing"]), ""),
+        ("server stderr: bytes (tracebacks)",
+         f"{summary.get('server_stderr_bytes')} ({summary.get('server_stderr_tracebacks')})", ""),
         (f"idle, s after the last answer (limit {idle_limit_s})", num(summary["idle_s_after_last_answer"]),
          ok(summary["idle_s_after_last_answer"] is not None and summary["idle_s_after_last_answer"] <= idle_limit_s)),
         ("idle, s after the last keystroke", num(summary["idle_s_after_typing"]), ""),
@@ -419,6 +436,8 @@ async def run(file: Path, rate: float, seconds: float, model: str | None = None,
                                      seed, answer_timeout_s, idle_timeout_s)
             summary = summarize(storm, warmup_s, len(keys), rate)
             summary["final_stats"] = await session.stats()
+            summary["server_stderr_bytes"] = session.stderr_bytes
+            summary["server_stderr_tracebacks"] = session.stderr_tracebacks
         except BaseException:
             sys.stderr.write(f"bench_typing_storm: the server's stderr (end):\n"
                              f"{session.stderr[-3000:].decode(errors='replace')}\n")

@@ -22,6 +22,7 @@ from pygls.lsp.client import LanguageClient
 REPO = Path(__file__).resolve().parents[1]
 STATS_COMMAND = "rest-lsp.stats"
 STDERR_TAIL_BYTES = 64_000  # what is kept of the server's stderr, for the error messages
+TRACEBACK = b"Traceback (most recent call last):"
 
 
 class Pending:
@@ -79,6 +80,8 @@ class ServerSession:
         self.indexing: set[str] = set()  # progress tokens begun and not ended
         self.indexed_roots = 0  # progress reports that ended
         self.stderr = bytearray()  # the tail of the server's stderr
+        self.stderr_bytes = 0  # all it wrote there
+        self.stderr_tracebacks = 0  # Python tracebacks among it
         self._arrivals = itertools.count()
         self._drain: asyncio.Task | None = None
 
@@ -111,8 +114,13 @@ class ServerSession:
         """pygls pipes the server's stderr and never reads it: a server that logs a lot (a traceback per
         superseded request, say) would block on a full pipe. Read it, keeping the tail."""
         stream = self.client._server.stderr
+        carry = b""  # the end of the previous chunk: a traceback's first line may straddle two
         while chunk := await stream.read(65536):
             self.stderr += chunk
+            self.stderr_bytes += len(chunk)
+            window = carry + chunk
+            self.stderr_tracebacks += window.count(TRACEBACK)
+            carry = window[-(len(TRACEBACK) - 1):]
             del self.stderr[:-STDERR_TAIL_BYTES]
 
     def _register_handlers(self) -> None:
