@@ -173,6 +173,8 @@ class Storm:
     started: float = 0.0
     stopped: float = 0.0  # the last keystroke was sent
     last_answered: float | None = None
+    cpu_at_stop: float = 0.0  # the server's CPU time (s) at the last keystroke
+    cpu_at_answer: float | None = None  # and when the last answer arrived
     idle_at: float | None = None  # CPU time stopped growing (then stayed flat QUIET_S)
 
 
@@ -208,7 +210,7 @@ async def type_storm(session: ServerSession, uri: str, opened: str, keys: list[K
             before = text[:key.offset + len(key.text)]
             at = position_of(before)
             storm.requests.append(Request(session.version, before, at, session.send_inline(uri, at), fence))
-        storm.stopped = time.perf_counter()
+        storm.stopped, storm.cpu_at_stop = time.perf_counter(), cpu_s(pid)
         last = storm.requests[-1].reply
         try:
             await asyncio.wait_for(asyncio.wrap_future(last.future), answer_timeout_s)
@@ -216,7 +218,7 @@ async def type_storm(session: ServerSession, uri: str, opened: str, keys: list[K
             return storm  # no answer: the checks say so
         except Exception:
             pass  # an error reply: the checks say so
-        storm.last_answered = last.arrived
+        storm.last_answered, storm.cpu_at_answer = last.arrived, cpu_s(pid)
     finally:
         stop.set()
         await sampler
@@ -320,6 +322,8 @@ def summarize(storm: Storm, warmup_s: float, keys: int, rate: float) -> dict:
         "last_request": last_outcome,
         "last_answer_s_after_typing": (round(storm.last_answered - storm.stopped, 3)
                                        if storm.last_answered is not None else None),
+        "server_cpu_s_answering_last": (round(storm.cpu_at_answer - storm.cpu_at_stop, 2)
+                                        if storm.cpu_at_answer is not None else None),
         "rss_mb_start": round(storm.samples[0][1], 1) if storm.samples else None,
         "rss_mb_after_warmup": round(at_warm, 1) if at_warm is not None else None,
         "rss_mb_peak_after_warmup": round(max(s[1] for s in warm), 1) if warm else None,
@@ -390,7 +394,8 @@ def table(summary: dict, failed: list[str], rss_limit_mb: float, idle_limit_s: f
         ("stale replies", str(len(summary["stale"])), ok(not summary["stale"])),
         ("last request", summary["last_request"],
          ok(summary["last_request"] != "no reply" and not summary["last_request"].startswith("error"))),
-        ("last answer, s after the last keystroke", num(summary["last_answer_s_after_typing"]), ""),
+        ("last answer, s after the last keystroke (server CPU s meanwhile)",
+         f"{num(summary['last_answer_s_after_typing'])} ({num(summary['server_cpu_s_answering_last'])})", ""),
         ("RSS MB: start / after warm-up / peak after / typing stopped",
          f"{summary['rss_mb_start']} / {summary['rss_mb_after_warmup']} / {summary['rss_mb_peak_after_warmup']}"
          f" / {summary['rss_mb_typing_stopped']}", ""),
