@@ -41,6 +41,8 @@ class Pending:
 
     def outcome(self) -> tuple[object, int | None]:
         """(result, None), or (None, the JSON-RPC error code) for an error reply; only once `future` is done."""
+        if self.future.cancelled():  # given up here: no reply was read
+            return None, -1
         err = self.future.exception()
         if err is None:
             return self.future.result(), None
