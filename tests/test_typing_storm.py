@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
 import sys
 from concurrent.futures import Future
 from pathlib import Path
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_replay import find_functions  # noqa: E402
 from benchmarks.bench_typing_storm import (  # noqa: E402
-    DEFAULT_FILE, Request, body_keystrokes, choose, failures, plan, run, stale_replies)
+    DEFAULT_FILE, Request, _wait_idle, body_keystrokes, choose, failures, plan, run, stale_replies)
 from benchmarks.lsp_client import Pending  # noqa: E402
 from conftest_server import tiny_models  # noqa: E402,F401  (a fixture)
 
@@ -108,6 +109,18 @@ def test_a_suggestion_must_fit_its_cursor_and_its_earlier_answers():
     again = _replied(arrivals, types.InlineCompletionList([item("cd", next_char, 7)]))
     assert stale_replies([_request(1, shown, fence1, "ab"), _request(2, rest, fence2, "abc")]) == []
     assert stale_replies([_request(1, shown, fence1, "ab"), _request(2, again, fence2, "abc")])
+
+
+def test_idle_is_cpu_time_that_stops_growing():
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    asleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert asyncio.run(_wait_idle(busy.pid, timeout_s=2)) is None
+        assert asyncio.run(_wait_idle(asleep.pid, timeout_s=30)) is not None
+    finally:
+        for process in (busy, asleep):
+            process.kill()
+            process.wait()
 
 
 # One new token, no debounce, a short prompt: the tiny model then answers in about a keystroke's time, so answers
