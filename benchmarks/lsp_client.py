@@ -2,22 +2,51 @@
 LanguageClient as an editor would (didOpen, incremental didChange, textDocument/inlineCompletion), plus
 the server's `rest-lsp.stats` command to read what happened inside.
 
-Shared by bench_latency.py and bench_replay.py; no benchmark logic here.
+Shared by bench_latency.py, bench_replay.py and bench_typing_storm.py; no benchmark logic here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import sys
 import time
 from pathlib import Path
+
+from concurrent.futures import Future
 
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
 REPO = Path(__file__).resolve().parents[1]
 STATS_COMMAND = "rest-lsp.stats"
+STDERR_TAIL_BYTES = 64_000  # what is kept of the server's stderr, for the error messages
+TRACEBACK = b"Traceback (most recent call last):"
+
+
+class Pending:
+    """A request sent without waiting for it: its id (for $/cancelRequest), and when, and in which order among
+    all the session's replies, its reply arrived (results and errors alike)."""
+
+    def __init__(self, msg_id: str, future: Future, arrivals: itertools.count):
+        self.id, self.future = msg_id, future
+        self.sent = time.perf_counter()
+        self.arrived: float | None = None
+        self.order: int | None = None  # replies are read in the order the server wrote them
+        future.add_done_callback(lambda _: self._arrive(next(arrivals)))
+
+    def _arrive(self, order: int) -> None:
+        self.arrived, self.order = time.perf_counter(), order
+
+    def outcome(self) -> tuple[object, int | None]:
+        """(result, None), or (None, the JSON-RPC error code) for an error reply; only once `future` is done."""
+        if self.future.cancelled():  # given up here: no reply was read
+            return None, -1
+        err = self.future.exception()
+        if err is None:
+            return self.future.result(), None
+        return None, getattr(err, "code", -1)
 
 
 def position_of(text: str) -> types.Position:
@@ -52,6 +81,11 @@ class ServerSession:
         self.messages: list[str] = []  # window/showMessage texts, for the results
         self.indexing: set[str] = set()  # progress tokens begun and not ended
         self.indexed_roots = 0  # progress reports that ended
+        self.stderr = bytearray()  # the tail of the server's stderr
+        self.stderr_bytes = 0  # all it wrote there
+        self.stderr_tracebacks = 0  # Python tracebacks among it
+        self._arrivals = itertools.count()
+        self._drain: asyncio.Task | None = None
 
     @classmethod
     async def start(cls, command: list[str], root: Path, options: dict | None = None,
@@ -61,6 +95,7 @@ class ServerSession:
         session = cls(client)
         session._register_handlers()
         await client.start_io(*command, env=server_env())
+        session._drain = asyncio.create_task(session._read_stderr())
         try:
             await client.initialize_async(types.InitializeParams(
                 capabilities=types.ClientCapabilities(window=types.WindowClientCapabilities(work_done_progress=True)),
@@ -72,6 +107,23 @@ class ServerSession:
             await session.stop()
             raise
         return session
+
+    @property
+    def pid(self) -> int:
+        return self.client._server.pid
+
+    async def _read_stderr(self) -> None:
+        """pygls pipes the server's stderr and never reads it: a server that logs a lot (a traceback per
+        superseded request, say) would block on a full pipe. Read it, keeping the tail."""
+        stream = self.client._server.stderr
+        carry = b""  # the end of the previous chunk: a traceback's first line may straddle two
+        while chunk := await stream.read(65536):
+            self.stderr += chunk
+            self.stderr_bytes += len(chunk)
+            window = carry + chunk
+            self.stderr_tracebacks += window.count(TRACEBACK)
+            carry = window[-(len(TRACEBACK) - 1):]
+            del self.stderr[:-STDERR_TAIL_BYTES]
 
     def _register_handlers(self) -> None:
         client = self.client
@@ -130,6 +182,24 @@ class ServerSession:
         self.client.text_document_did_close(types.DidCloseTextDocumentParams(
             text_document=types.TextDocumentIdentifier(uri=uri)))
 
+    def send(self, method: str, params) -> Pending:
+        """Send a request without waiting for its reply."""
+        msg_id = f"bench-{next(_ids)}"
+        return Pending(msg_id, self.client.protocol.send_request(method, params, msg_id=msg_id), self._arrivals)
+
+    def send_inline(self, uri: str, at: types.Position) -> Pending:
+        return self.send(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=at,
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+
+    def send_stats(self) -> Pending:
+        return self.send(types.WORKSPACE_EXECUTE_COMMAND, types.ExecuteCommandParams(command=STATS_COMMAND,
+                                                                                       arguments=[]))
+
+    def cancel_request(self, pending: Pending) -> None:
+        """$/cancelRequest, as VS Code sends for a request whose answer it no longer wants."""
+        self.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=pending.id))
+
     async def inline(self, uri: str, at: types.Position, timeout_s: float = 600) -> tuple[float, str, str, dict, dict]:
         """(ms from request sent to reply received, text shown, how the server answered: model | type-through |
         empty, the server's stats before and after)."""
@@ -165,3 +235,8 @@ class ServerSession:
             except asyncio.TimeoutError:
                 process.kill()
         await self.client.stop()
+        if self._drain is not None:
+            await asyncio.wait([self._drain], timeout=5)
+
+
+_ids = itertools.count(1)  # request ids of `send`: unique in the process, never pygls' own uuids

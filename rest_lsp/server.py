@@ -204,7 +204,22 @@ def _accept_command(completion: Completion) -> types.Command:
                          arguments=[{"id": completion.id, "text": completion.text}])
 
 
+class _ContentModifiedIsNoError(logging.Filter):
+    """pygls logs every error reply as an error with its traceback. ContentModified answers a request that the
+    user's typing superseded: the normal case while typing, up to one a keystroke, so it is left out of the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], JsonRpcContentModified))
+
+
+def _quiet_content_modified() -> None:
+    rpc_log = logging.getLogger("pygls.protocol.json_rpc")
+    if not any(isinstance(f, _ContentModifiedIsNoError) for f in rpc_log.filters):
+        rpc_log.addFilter(_ContentModifiedIsNoError())
+
+
 def create_server(settings: Settings | None = None) -> RestLanguageServer:
+    _quiet_content_modified()
     server = RestLanguageServer(settings or Settings())
 
     @server.feature(types.INITIALIZE)
