@@ -38,9 +38,10 @@ FILES = {
 
 
 def _tokenizer_folder(path: Path, kind: str, with_model: bool = False) -> Path:
-    """A tiny byte-level BPE tokenizer folder that transformers loads; `kind` picks what transformers does to it:
-    'bos' adds <s> when asked for special tokens, 'prefix-space' is a GPT2Tokenizer that transformers rebuilds with
-    a prefix space (so its tokenizer.json alone gives other ids), 'split-specials' splits special tokens' text."""
+    """A tiny byte-level BPE tokenizer folder that transformers loads. All add <s> when asked for special tokens
+    and truncate unless told not to; `kind` picks what transformers does besides: 'bos' nothing, 'prefix-space'
+    is a GPT2Tokenizer that transformers rebuilds with a prefix space (so its tokenizer.json alone gives other
+    ids), 'split-specials' splits the text of special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -51,6 +52,7 @@ def _tokenizer_folder(path: Path, kind: str, with_model: bool = False) -> Path:
         vocab_size=300, special_tokens=["<s>", "<|endoftext|>", "<fim_prefix>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     raw.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    raw.enable_truncation(max_length=8)  # transformers turns it off for a call without max_length
     PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="<|endoftext|>",
                             additional_special_tokens=["<fim_prefix>"]).save_pretrained(path)
     config = json.loads((path / "tokenizer_config.json").read_text())
