@@ -95,7 +95,7 @@ def index(env: dict, tmp_path: Path, *args) -> tuple[int, str, str, list[str]]:
     report = tmp_path / "heavy.json"
     report.unlink(missing_ok=True)
     proc = subprocess.run([sys.executable, "-c", WRAPPER, f"{report}::{json.dumps(HEAVY)}", "index", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert report.is_file(), f"the CLI died: {proc.stderr}"
     return proc.returncode, proc.stdout, proc.stderr, json.loads(report.read_text())
 
