@@ -139,14 +139,30 @@ def test_the_servers_model_load_saves_the_tokenizer_for_the_cli(tmp_path, env, w
     assert indexed_tokens(env, workspace, loaded.tokenizer.key)["b.py"] == loaded.tokenizer.encode(FILES["b.py"])
 
 
-def test_without_a_saved_tokenizer_index_loads_transformers_once(tmp_path, env, workspace):
-    folder = _tokenizer_folder(tmp_path / "model", "prefix-space")
-    code, out, err, heavy = index(env, tmp_path, workspace, "--model", folder)
+def test_without_a_saved_tokenizer_index_loads_transformers_once(tmp_path, env, workspace, monkeypatch):
+    # a hub id in the local Hugging Face cache: its signature is the commit that refs/main names
+    from transformers import LlamaConfig
+
+    repo = tmp_path / "hub" / "models--tiny--tok"
+    _tokenizer_folder(repo / "snapshots" / "abc123", "prefix-space")
+    LlamaConfig(vocab_size=300).save_pretrained(repo / "snapshots" / "abc123")  # what AutoTokenizer reads first
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    env = dict(env, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+
+    code, out, err, heavy = index(env, tmp_path, workspace, "--model", "tiny/tok")
     assert code == 0, err
     assert "transformers" in heavy and "3 files" in out
-    code, out, err, heavy = index(env, tmp_path, workspace, "--model", folder)
+    code, out, err, heavy = index(env, tmp_path, workspace, "--model", "tiny/tok")
     assert code == 0 and heavy == [], (err, heavy)
     assert "loaded and updated" in out  # the same tokenizer key: the first run's index was reused
+
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert saved_tokenizer.load("tiny/tok") is not None
+    (repo / "refs" / "main").write_text("def456")  # another commit: not read from the old saved tokenizer
+    assert saved_tokenizer.load("tiny/tok") is None
 
 
 def test_a_damaged_saved_tokenizer_is_read_again_by_transformers_and_saved_again(tmp_path, env):
