@@ -31,6 +31,8 @@ DECAY = 0.995  # per observation of a bucket: the last few hundred count
 EXPLORE = 0.5
 
 Key = tuple[str, int, int]  # (source, match-length bucket, depth bucket)
+BINS = 10  # calibration bins over the tree's P(node | parent), [0, 0.1), ..., [0.9, 1]
+CALIBRATION_PRIOR = 8.0  # pseudo-observations at face value behind each bin's correction
 
 
 def match_bucket(length: int) -> int:
@@ -52,6 +54,10 @@ class AcceptanceModel:
     def __init__(self) -> None:
         self._buckets: dict[Key, list[float]] = {}  # key -> [accepted, ratios tried], decayed
         self._sources: dict[str, list[float]] = {}  # source -> [accepted, ratios tried], decayed
+        # per bin of the tree's P(node | parent) as the sources say it: [accepted, sum of that P], decayed. Sources
+        # overlap (one continuation is in the suffix, the workspace and earlier outputs alike) and a tree step sees
+        # one path, so what the sources say together is calibrated against what the model did.
+        self._bins: list[list[float]] = [[0.0, 0.0] for _ in range(BINS)]
         self.observations = 0
 
     def scale(self, key: Key) -> float:
@@ -64,6 +70,18 @@ class AcceptanceModel:
         """What a node is worth when choosing the tree: the scaled ratio, optimistic while evidence is thin."""
         tried = self._buckets.get(key, (0.0, 0.0))[1]
         return min(1.0, (self.scale(key) + EXPLORE / math.sqrt(1.0 + tried)) * ratio)
+
+    def calibrated(self, p: float) -> float:
+        """The tree's P(node | parent) corrected by how often nodes given that probability were accepted."""
+        hits, said = self._bins[min(BINS - 1, int(p * BINS))]
+        prior = CALIBRATION_PRIOR * max(p, 1e-3)
+        return min(1.0, p * (hits + prior) / (said + prior))
+
+    def observe_node(self, p: float, accepted: bool) -> None:
+        """A tree node whose parent the walk reached, given P(node | parent) = p before calibration."""
+        stats = self._bins[min(BINS - 1, int(p * BINS))]
+        stats[0] = DECAY * stats[0] + float(accepted)
+        stats[1] = DECAY * stats[1] + p
 
     def observe(self, key: Key, ratio: float, accepted: bool) -> None:
         """A draft node whose parent the walk reached: the model's token was (accepted) or was not its token."""
@@ -80,6 +98,7 @@ class AcceptanceModel:
             "model": model_key,
             "buckets": [[*k, *v] for k, v in self._buckets.items()],
             "sources": [[k, *v] for k, v in self._sources.items()],
+            "calibration": self._bins,
             "observations": self.observations,
         }
 
@@ -97,6 +116,10 @@ class AcceptanceModel:
         for row in data["sources"]:
             source, hits, tried = row
             table._sources[str(source)] = [_count(hits), _count(tried)]
+        bins = data.get("calibration", [[0.0, 0.0]] * BINS)  # absent from tables written before it existed
+        if not isinstance(bins, list) or len(bins) != BINS:
+            raise ValueError("a calibration of another shape")
+        table._bins = [[_count(hits), _count(said)] for hits, said in bins]
         table.observations = int(_count(data.get("observations", 0)))
         return table
 

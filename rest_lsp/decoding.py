@@ -501,6 +501,8 @@ class Decoder:
             for child_token, child in kids[node].items():
                 for key, ratio in tree.votes[child]:
                     self.acceptance.observe(key, ratio, child_token == token)
+                if tree.chances:
+                    self.acceptance.observe_node(tree.chances[child], child_token == token)
 
     @staticmethod
     def _recycle(drafts: DraftSource, tree: DraftTree, path: list[int], logits_at) -> None:

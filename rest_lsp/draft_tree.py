@@ -26,6 +26,9 @@ class DraftTree:
     shares: tuple[float, ...] = ()
     # [n+1]: per node, the (acceptance bucket, ratio) of each source that proposed it, for learning
     votes: tuple[tuple[tuple[Key, float], ...], ...] = ()
+    # [n+1]: P(node | parent) as the sources' word had it, before the acceptance model's calibration (1.0 at the
+    # root): what the calibration learns from
+    chances: tuple[float, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -39,7 +42,8 @@ class DraftTree:
 
     def prefix(self, k: int) -> "DraftTree":
         """The first k nodes (a whole tree: parents come first)."""
-        return DraftTree(self.tokens[:k], self.parents[:k], self.depths[:k], self.shares[:k], self.votes[:k])
+        return DraftTree(self.tokens[:k], self.parents[:k], self.depths[:k], self.shares[:k], self.votes[:k],
+                         self.chances[:k])
 
 
 def build_tree(
@@ -51,7 +55,8 @@ def build_tree(
     """Merge proposals into one trie (a shared prefix is one node) and keep the `budget` likeliest nodes.
 
     A node's probability given its parent: each proposing source says min(1, scale * ratio), its scale learned by
-    `acceptance` (1 without it); sources that agree combine as independent witnesses, 1 - prod(1 - p). A node's
+    `acceptance` (1 without it); the node takes its most confident source's word, and siblings are scaled to sum to
+    at most 1 (they exclude each other). A node's
     probability is the product along its path, so it never exceeds its parent's, and taking nodes best-first from
     a frontier keeps every kept node's parent. Plain continuations are one proposal of unknown origin.
     """
@@ -79,21 +84,30 @@ def build_tree(
             where[i] = node
 
     def chance(node: int) -> float:
-        miss = 1.0
-        for key, ratio in votes[node]:
-            p = min(1.0, ratio) if acceptance is None else acceptance.probability(key, ratio)
-            miss *= 1.0 - p
-        return 1.0 - miss
+        # the best-informed witness, not a noisy-OR: sources agree for the same reasons (the text after the
+        # cursor is also in the workspace and in earlier outputs), so agreement is not independent evidence
+        return max((min(1.0, ratio) if acceptance is None else acceptance.probability(key, ratio)
+                    for key, ratio in votes[node]), default=0.0)
+
+    def children(node: int) -> list[tuple[int, float]]:
+        """(trie child, P(child | node) as the sources say): siblings exclude each other, so at most 1 in all."""
+        kids = [(child, chance(child)) for child in trie[node].values()]
+        total = sum(p for _, p in kids)
+        return [(c, p / total) for c, p in kids] if total > 1.0 else kids
+
+    def calibrated(p: float) -> float:
+        return p if acceptance is None else acceptance.calibrated(p)
 
     out_tokens, out_parents, out_depths, out_shares, out_votes = [root_token], [-1], [0], [1.0], [()]
+    out_chances = [1.0]
     order = 0
-    # heap of (-path probability, order, trie node, parent index in the output)
-    frontier: list[tuple[float, int, int, int]] = []
-    for child in trie[0].values():
-        heapq.heappush(frontier, (-chance(child), order, child, 0))
+    # heap of (-path probability, order, trie node, parent index in the output, the sources' P(node | parent))
+    frontier: list[tuple[float, int, int, int, float]] = []
+    for child, p in children(0):
+        heapq.heappush(frontier, (-calibrated(p), order, child, 0, p))
         order += 1
     while frontier and len(out_tokens) <= budget:
-        neg, _, node, parent = heapq.heappop(frontier)
+        neg, _, node, parent, raw = heapq.heappop(frontier)
         if neg >= 0:
             break  # probability 0: never worth a slot
         index = len(out_tokens)
@@ -102,10 +116,11 @@ def build_tree(
         out_depths.append(depth[node])
         out_shares.append(-neg)
         out_votes.append(tuple(votes[node]))
-        for child in trie[node].values():
-            heapq.heappush(frontier, (neg * chance(child), order, child, index))
+        out_chances.append(raw)
+        for child, p in children(node):
+            heapq.heappush(frontier, (neg * calibrated(p), order, child, index, p))
             order += 1
-    return DraftTree(out_tokens, out_parents, out_depths, tuple(out_shares), tuple(out_votes))
+    return DraftTree(out_tokens, out_parents, out_depths, tuple(out_shares), tuple(out_votes), tuple(out_chances))
 
 
 def fit_to_cost(tree: DraftTree, cost: Sequence[float], trust: float = 1.0) -> DraftTree:

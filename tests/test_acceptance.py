@@ -69,3 +69,35 @@ def test_a_corrupt_or_foreign_table_is_ignored_with_one_log_line(tmp_path, caplo
         assert len(caplog.records) == 1 and "ignoring" in caplog.records[0].getMessage(), what
     caplog.clear()
     assert AcceptanceModel.load(tmp_path / "missing.json", "m").observations == 0 and not caplog.records
+
+
+def test_calibration_corrects_what_the_sources_say_together():
+    """Nodes the tree gave 0.9 but the model rarely took are worth less next time; ones it always took keep it."""
+    table = AcceptanceModel()
+    assert table.calibrated(0.9) == 0.9  # no evidence: face value
+    for _ in range(200):
+        table.observe_node(0.95, accepted=False)
+        table.observe_node(0.35, accepted=True)
+    assert table.calibrated(0.95) < 0.1
+    assert 0.9 < table.calibrated(0.35) <= 1.0  # understated: believed more, never past 1
+    assert table.calibrated(0.55) == 0.55  # a bin without evidence is left alone
+
+
+def test_the_calibration_is_saved_with_the_table(tmp_path):
+    table = AcceptanceModel()
+    for _ in range(50):
+        table.observe_node(0.95, accepted=False)
+    table.save(tmp_path / "t.json", "m")
+    again = AcceptanceModel.load(tmp_path / "t.json", "m")
+    assert again.calibrated(0.95) == table.calibrated(0.95) < 0.5
+
+
+def test_a_tree_is_built_on_calibrated_probabilities():
+    table = AcceptanceModel()
+    props = [Proposal("s", 8, (5, 6), (-1, 0), (1.0, 1.0))]
+    before = build_tree(4, props, 4, table)
+    for _ in range(200):
+        table.observe_node(before.chances[1], accepted=False)
+    after = build_tree(4, props, 4, table)
+    assert after.chances[1] == before.chances[1]  # what the source says is kept for learning
+    assert after.shares[1] < before.shares[1] / 4

@@ -1,3 +1,4 @@
+import pytest
 """Each draft source on its own: what it proposes, with which ratios and match lengths, and its bounds."""
 
 from rest_lsp.datastore import Datastore
@@ -100,11 +101,17 @@ def test_rest_drafts_names_and_exclusions():
     assert mix.names == ["context", "outputs", "workspace"]
 
 
-def test_sources_that_agree_make_a_node_likelier_than_either_alone():
+def test_sources_that_agree_count_once_and_siblings_share_at_most_one():
+    """Agreeing sources are not independent witnesses (the same text reaches several of them): a node takes its
+    most confident source's word. Siblings exclude each other, so their probabilities are scaled to sum to 1."""
     a = NgramDrafts([[1, 2, 3, 4], [1, 2, 3, 9]], name="a")  # 4 and 9 share the slot
     b = NgramDrafts([[1, 2, 3, 4]], name="b")
+    c = NgramDrafts([[1, 2, 3, 4], [1, 2, 3, 9]], name="c")  # says what a says
     alone = build_tree(3, propose(a, [2, 3]), 8)
+    twice = build_tree(3, propose(a, [2, 3]) + propose(c, [2, 3]), 8)
     both = build_tree(3, propose(a, [2, 3]) + propose(b, [2, 3]), 8)
-    four = lambda t: t.shares[t.tokens.index(4)]  # noqa: E731
-    assert four(alone) == 0.5 and four(both) == 1.0 - 0.5 * 0.0  # b alone is sure: 1 - (1-0.5)(1-1)
+    share = lambda t, token: t.shares[t.tokens.index(token)]  # noqa: E731
+    assert share(alone, 4) == 0.5 and share(twice, 4) == 0.5  # a second source saying the same adds nothing
+    # b is sure of 4 (1.0), a gives 9 a half: 1.5 in all, scaled down to 2/3 and 1/3
+    assert share(both, 4) == pytest.approx(2 / 3) and share(both, 9) == pytest.approx(1 / 3)
     assert len(both.votes[both.tokens.index(4)]) == 2
