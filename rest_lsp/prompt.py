@@ -1,7 +1,8 @@
 """Text around the cursor -> prompt token ids, within a token budget.
 
 Models trained for fill-in-the-middle get prefix and suffix in their own template
-(detected from the tokenizer's vocabulary); other models get the prefix only.
+(detected from the tokenizer's vocabulary), the hole starting at the cursor line's start
+so that typing on a line leaves the suffix's cached KV valid; other models get the prefix only.
 
 The prefix window starts at a line start chosen on a coarse grid of line numbers,
 so that while the user types, consecutive prompts begin with the same tokens and
@@ -29,6 +30,8 @@ CHARS_PER_TOKEN = 8
 # The prefix window starts on a line number that is a multiple of this, so it moves
 # once per LINE_GRID lines typed rather than with every keystroke.
 LINE_GRID = 16
+# A FIM prompt's middle may start with the cursor line's text (see build_prompt) up to 1/MIDDLE_SHARE of the room.
+MIDDLE_SHARE = 4
 
 
 @dataclass(frozen=True)
@@ -159,10 +162,14 @@ def _suffix_window(hf_tokenizer: Any, after: str, budget: int) -> tuple[str, lis
 
 
 def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
-                 fim: Fim | None, suffix_fraction: float = 0.25) -> Prompt:
+                 fim: Fim | None, suffix_fraction: float = 0.25, split_line: bool = True) -> Prompt:
     """Prompt ids for a cursor between `before` and `after`.
 
-    With FIM: `suffix_fraction` of the budget goes to the suffix, what it leaves to the prefix.
+    With FIM: `suffix_fraction` of the budget goes to the suffix, what it leaves to the prefix. The hole starts
+    at the cursor line's start, and the line's text up to the cursor follows the middle marker, as the start of
+    the middle (`split_line`; else the hole starts at the cursor): typing on a line then changes only the
+    prompt's last tokens, so the decoder's cache keeps the suffix, which a hole at the cursor would make it
+    prefill again at every keystroke.
     The prompt ends before the whitespace that `held_back` names.
     """
     held = held_back(before)
@@ -174,7 +181,19 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
         prefix, prefix_ids = _prefix_window(hf_tokenizer, before, budget - len(bos))
         return Prompt(bos + prefix_ids, prefix, "", None, held)
     room = budget - len(bos) - 3  # the three FIM markers
+    line, line_ids = _line_so_far(hf_tokenizer, before, room // MIDDLE_SHARE) if split_line else ("", [])
+    room -= len(line_ids)
     suffix, suffix_ids = _suffix_window(hf_tokenizer, after, int(room * suffix_fraction))
-    prefix, prefix_ids = _prefix_window(hf_tokenizer, before, room - len(suffix_ids))
-    ids = bos + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id]
-    return Prompt(ids, prefix, suffix, fim, held)
+    prefix, prefix_ids = _prefix_window(hf_tokenizer, before[: len(before) - len(line)], room - len(suffix_ids))
+    ids = bos + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id] + line_ids
+    return Prompt(ids, prefix + line, suffix, fim, held)
+
+
+def _line_so_far(hf_tokenizer: Any, before: str, budget: int) -> tuple[str, list[int]]:
+    """The cursor line's text up to the cursor and its ids; ("", []) when it takes more than `budget` tokens
+    (a huge line: the hole starts at the cursor then)."""
+    line = before[before.rfind("\n") + 1:]
+    if not line or len(line) > budget * CHARS_PER_TOKEN:
+        return "", []
+    ids = list(hf_tokenizer(line, add_special_tokens=False)["input_ids"])
+    return (line, ids) if len(ids) <= budget else ("", [])
