@@ -156,10 +156,16 @@ class CacheState:
     nbytes: int
 
 
-def _tensor_bytes(obj, depth: int = 4) -> int:
-    """Bytes of the tensors reachable from `obj` (a cache object of any shape: layers, lists, dicts)."""
+def _tensor_bytes(obj, seen: set[int] | None = None, depth: int = 4) -> int:
+    """Bytes of the tensor storage reachable from `obj` (a cache object of any shape: layers, lists, dicts), each
+    storage once: a cropped layer is a view that still holds its whole storage."""
+    seen = set() if seen is None else seen
     if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
+        storage = obj.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
     if depth == 0 or obj is None or isinstance(obj, (int, float, str, bool)):
         return 0
     if isinstance(obj, dict):
@@ -170,7 +176,7 @@ def _tensor_bytes(obj, depth: int = 4) -> int:
         items = vars(obj).values()
     else:
         return 0
-    return sum(_tensor_bytes(item, depth - 1) for item in items)
+    return sum(_tensor_bytes(item, seen, depth - 1) for item in items)
 
 
 class Decoder:
