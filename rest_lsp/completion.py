@@ -15,7 +15,11 @@ Latency rules:
     is the answer, without decoding;
   - a short debounce before decoding lets a burst of keystrokes collapse into one request;
   - background tokenizing (indexing, open buffers) uses its own copy of the tokenizer, so
-    prompt building never waits for it.
+    prompt building never waits for it;
+  - warm before asked: while idle, the decoding thread prefills the prompt of the last change
+    or request, in small chunks that give way to a request at once;
+  - a KV cache per document (document_caches.py): switching back to a file prefills only
+    what changed in it.
 
 Threads: the service never holds its lock across a join or a call that waits for another
 component's thread (a watcher calls back into the service under its own locks): what to
@@ -35,8 +39,8 @@ from rest_lsp.drafts import SOURCE_NAMES
 from rest_lsp.feeding import DatastoreFeed, workspace_key
 from rest_lsp.postprocess import StopContext, stop_context, trim
 from rest_lsp.lifecycle import ServingModel, clamped, fit_context, load_serving_model
-from rest_lsp.prompt import build_prompt
-from rest_lsp.scheduling import Completion, Job, RequestQueue, Ticket
+from rest_lsp.prompt import Prompt, build_prompt
+from rest_lsp.scheduling import Completion, Expected, Job, RequestQueue, Ticket
 from rest_lsp.settings import Settings
 from rest_lsp.suggestions import ACCEPT_CONTEXT_CHARS, IncrementalText, ShownSuggestions, whole_characters
 
@@ -47,6 +51,8 @@ log = logging.getLogger(__name__)
 SUFFIX_DRAFT_CHARS = 4000  # text after the cursor offered as drafts when the prompt leaves it out (no FIM)
 OUTPUT_CONTEXT_TOKENS = 32  # prompt tokens stored before each output, so drafts match where it was written
 SAVE_ACCEPTANCE_EVERY = 16  # completions between saves of the learned acceptance table
+# Tokens per warm-up prefill pass: a request arriving meanwhile waits for at most one (~0.2 s, default model, CPU).
+PREWARM_CHUNK = 64
 
 
 class ServiceEvents(Protocol):
@@ -98,8 +104,11 @@ class CompletionService:
         self._decode_ms = 0.0
         self._draft_ms = 0.0
         self._last_latency_ms: float | None = None
+        self._prefill_tokens = 0
+        self._prewarm_tokens = 0
+        self._prewarm_chunks = 0
         self._requests = RequestQueue(self._lock, self._complete, lambda: self.settings.debounce_ms / 1e3,
-                                      self._count_cancelled, self._completion_failed)
+                                      self._count_cancelled, self._completion_failed, warm=self._warm)
         self._feed = DatastoreFeed(self)
 
     # the feed holds the datastore and the indexes; these names stay for introspection and tests
@@ -281,7 +290,15 @@ class CompletionService:
         """Ask for a completion at character `offset` of `text`; cancels the document's previous request, unless
         that one is for the identical text and cursor: then both share its computation."""
         offset = max(0, min(offset, len(text)))
-        return self._requests.submit(doc_id, text[:offset], text[offset:], self._answer_now)
+        ticket = self._requests.submit(doc_id, text[:offset], text[offset:], self._answer_now)
+        self._requests.expect(doc_id, text[:offset], text[offset:])  # the next one likely comes here again
+        return ticket
+
+    def expect(self, doc_id: str, text: str, offset: int) -> None:
+        """The document changed at character `offset`: the next request will likely come there, so its prompt is
+        prefilled while the decoder is idle (never delaying a request by more than one small chunk)."""
+        offset = max(0, min(offset, len(text)))
+        self._requests.expect(doc_id, text[:offset], text[offset:])
 
     def cancel(self, doc_id: str) -> None:
         """The document changed: stop the work for it (its requests answer None)."""
@@ -315,6 +332,38 @@ class CompletionService:
             return NoDrafts()
         return rest_drafts(datastore, suffix=suffix, outputs=outputs, recycle=recycle, exclude=settings.draft_exclude)
 
+    def _prompt(self, model, s: Settings, before: str, after: str) -> Prompt:
+        # The decoder refuses prompts that cannot fit with the new tokens and one draft tree.
+        budget = min(s.context_tokens, model.decoder.max_context - s.max_new_tokens - s.draft_budget - 1)
+        with self._tok_lock:
+            return build_prompt(model.loaded.tokenizer.hf, before, after, budget=budget, fim=model.fim,
+                                suffix_fraction=s.suffix_fraction)
+
+    def _warm(self, expected: Expected, wanted) -> None:
+        """Idle work on the decoding thread: prefill what a request at `expected` would, in PREWARM_CHUNK pieces,
+        stopping as soon as `wanted()` says a request waits. Changes no answer: the cache holds the prompt's KV."""
+        with self._lock:
+            model, s = self._model, self.settings
+            if model is None or self._closed:
+                return
+        ids = self._prompt(model, s, expected.before, expected.after).ids[:-1]  # generate prefills all but one
+        if not ids or wanted():
+            return
+        model.documents.use(model.decoder, expected.doc_id, s.document_cache_mb << 20)
+        if model.decoder.holds(ids):  # the last request's prompt, its output after it: keep that too
+            return
+
+        def stop() -> bool:
+            if wanted():
+                return True
+            with self._lock:
+                self._prewarm_chunks += 1
+            return False
+
+        computed = model.decoder.prefill(ids, stop=stop, chunk=PREWARM_CHUNK)
+        with self._lock:
+            self._prewarm_tokens += computed
+
     def _complete(self, job: Job) -> Completion | None:
         from rest_lsp.decoding import DecodeConfig
 
@@ -322,11 +371,8 @@ class CompletionService:
             model, datastore, s = self._model, self._datastore, self.settings
         loaded, decoder, fim, stop_ids = model.loaded, model.decoder, model.fim, model.stop_ids
         config = DecodeConfig(max_new_tokens=s.max_new_tokens, budget=s.draft_budget)
-        # The decoder refuses prompts that cannot fit with the new tokens and one draft tree.
-        budget = min(s.context_tokens, decoder.max_context - config.max_new_tokens - config.budget - 1)
+        prompt = self._prompt(model, s, job.before, job.after)
         with self._tok_lock:
-            prompt = build_prompt(loaded.tokenizer.hf, job.before, job.after, budget=budget, fim=fim,
-                                  suffix_fraction=s.suffix_fraction)
             # Without FIM the prompt leaves out the text after the cursor; what follows it there is often what
             # the model writes next (a line being re-typed, a call matching a definition below): a draft source.
             suffix = None
@@ -348,17 +394,20 @@ class CompletionService:
             return trim(so_far.text(new), ctx, final=False)[1]
 
         drafts = self._draft_source(datastore, s, suffix, model.outputs, model.recycle)
+        model.documents.use(decoder, job.doc_id, s.document_cache_mb << 20)
         result = decoder.generate(prompt.ids, drafts, config, should_stop, cancelled=job.cancelled)
         # every output, shown or not: the next request at this place will likely start the same way
         model.outputs.add(prompt.ids[-OUTPUT_CONTEXT_TOKENS:], result.tokens)
         if job.cancelled():
             with self._lock:
+                self._prefill_tokens += result.prefill_tokens
                 self._cancelled += 1
             return None
         tokens = whole_characters(tokenizer.decode, _until_stop(result.tokens, stop_ids))
         text = finish_text(tokenizer.decode(tokens), ctx)
         latency = (time.perf_counter() - job.submitted) * 1e3
         with self._lock:
+            self._prefill_tokens += result.prefill_tokens
             self._decoded += 1
             self._gen_tokens += len(result.tokens)
             self._gen_steps += result.steps
@@ -433,6 +482,12 @@ class CompletionService:
                     n for n in SOURCE_NAMES if n not in self.settings.draft_exclude],
                 "acceptance_observations": self._decoder.acceptance.observations if self._decoder else 0,
                 "last_latency_ms": self._last_latency_ms,
+                # prompt tokens computed for requests, and ahead of them while idle
+                "prefill_tokens": self._prefill_tokens,
+                "prewarm_tokens": self._prewarm_tokens,
+                "prewarm_chunks": self._prewarm_chunks,
+                "document_caches": len(self._model.documents.kept()) if self._model is not None else 0,
+                "document_cache_bytes": self._model.documents.kept_bytes if self._model is not None else 0,
             }
 
 

@@ -162,6 +162,39 @@ HEAD_BATCH = 8
 HEAD_BATCH_FROM = 2.5  # expected visited nodes (1 + expected accepted drafts) from which one batched call pays
 
 
+@dataclass(frozen=True)
+class CacheState:
+    """A decoder's cache taken out of it (`Decoder.detach_cache`): opaque to its keeper, put back with
+    `attach_cache`. `fields` holds whatever `reset()` clears, so a state always comes back whole."""
+
+    fields: tuple
+    tokens: tuple[int, ...]  # the tokens whose KV it holds, in order
+    nbytes: int
+
+
+def _tensor_bytes(obj, seen: set[int] | None = None, depth: int = 4) -> int:
+    """Bytes of the tensor storage reachable from `obj` (a cache object of any shape: layers, lists, dicts), each
+    storage once: a cropped layer is a view that still holds its whole storage."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    if depth == 0 or obj is None or isinstance(obj, (int, float, str, bool)):
+        return 0
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        items = obj
+    elif hasattr(obj, "__dict__"):
+        items = vars(obj).values()
+    else:
+        return 0
+    return sum(_tensor_bytes(item, seen, depth - 1) for item in items)
+
+
 class Decoder:
     """Runs one model; keeps the KV cache of its last sequence so the next prompt pays only for what changed."""
 
@@ -267,9 +300,33 @@ class Decoder:
         return run
 
     # -- cache ---------------------------------------------------------------------------------------------------
+    # What `reset()` clears, and so what a detached state carries.
+    _CACHE_FIELDS = ("_cache", "_cached", "_rope_long")
+
     def reset(self) -> None:
         """Forget the cached sequence: the next prompt is prefilled in full."""
-        self._cache, self._cached = None, []
+        self._cache, self._cached, self._rope_long = None, [], None
+
+    def detach_cache(self) -> CacheState:
+        """Take the cache out (the decoder starts over empty) for a keeper to `attach_cache` later: a document
+        switched back to then pays only for what changed in it."""
+        state = CacheState(tuple(getattr(self, f) for f in self._CACHE_FIELDS), tuple(self._cached),
+                           self.cache_bytes())
+        self.reset()
+        return state
+
+    def attach_cache(self, state: CacheState) -> None:
+        """Make a detached cache the decoder's own again (the current one is dropped)."""
+        for name, value in zip(self._CACHE_FIELDS, state.fields):
+            setattr(self, name, value)
+
+    def cache_bytes(self) -> int:
+        """Memory the current cache holds."""
+        return _tensor_bytes(self._cache)
+
+    def holds(self, tokens: Sequence[int]) -> bool:
+        """Whether the cache starts with exactly `tokens` (a prefill of them would compute nothing)."""
+        return len(tokens) <= len(self._cached) and _common_prefix(self._cached, tokens) == len(tokens)
 
     def _restore(self) -> None:
         """Back to a consistent cache after a failed call: rows beyond `_cached` are dropped from every layer."""
@@ -370,10 +427,11 @@ class Decoder:
     # -- model passes --------------------------------------------------------------------------------------------
     @_restore_on_error
     @torch.inference_mode()
-    def prefill(self, tokens: Sequence[int], stop: Callable[[], bool] | None = None) -> int:
+    def prefill(self, tokens: Sequence[int], stop: Callable[[], bool] | None = None,
+                chunk: int = PREFILL_CHUNK) -> int:
         """Make the cache hold exactly `tokens`, reusing the longest common prefix. Returns tokens computed.
 
-        `stop` is asked between chunks of PREFILL_CHUNK tokens: a long prompt can be given up half-way (the cache
+        `stop` is asked between chunks of `chunk` tokens: a long prompt can be given up half-way (the cache
         then holds the part computed so far).
         """
         if self._cache is None:
@@ -385,7 +443,7 @@ class Decoder:
             keep = 0  # the kept keys were rotated with the other factors
         keep = self._crop(keep)
         # long RoPE rotates a pass by its last position: one pass, so that all keys rotate alike
-        size = PREFILL_CHUNK if self.rope_switch is None else max(1, len(tokens))
+        size = max(1, chunk) if self.rope_switch is None else max(1, len(tokens))
         for start in range(keep, len(tokens), size):
             if stop is not None and stop():
                 break

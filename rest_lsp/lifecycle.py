@@ -34,6 +34,8 @@ class ServingModel:
     outputs: object
     recycle: object
     acceptance_file: tuple[Path, str]
+    # the KV caches of recently used documents besides the decoder's own (document_caches.DocumentCaches)
+    documents: object
 
     def save_acceptance(self) -> None:
         """Save the decoder's learned acceptance table; a failure costs only what was learned."""
@@ -56,6 +58,7 @@ def load_serving_model(settings: Settings) -> ServingModel:
     """Load the model the settings name (slow; raises ModelLoadError or whatever loading raised)."""
     from rest_lsp.acceptance import AcceptanceModel, table_location
     from rest_lsp.decoding import Decoder
+    from rest_lsp.document_caches import DocumentCaches
     from rest_lsp.drafts import OutputStore, SuccessorTable
     from rest_lsp.model import Tokenizer, cache_root, load_model
 
@@ -72,7 +75,8 @@ def load_serving_model(settings: Settings) -> ServingModel:
     special = {i for i, t in getattr(hf, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
     fim_markers = {fim.prefix_id, fim.suffix_id, fim.middle_id} if fim else set()
     stop_ids = frozenset((special - fim_markers) | loaded.eos_token_ids | (fim.stop_ids if fim else set()))
-    return ServingModel(loaded, decoder, background, fim, stop_ids, OutputStore(), SuccessorTable(), table)
+    return ServingModel(loaded, decoder, background, fim, stop_ids, OutputStore(), SuccessorTable(), table,
+                        DocumentCaches())
 
 
 def fits(settings: Settings, context: int) -> bool:

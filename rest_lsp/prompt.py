@@ -1,7 +1,8 @@
 """Text around the cursor -> prompt token ids, within a token budget.
 
 Models trained for fill-in-the-middle get prefix and suffix in their own template
-(detected from the tokenizer's vocabulary); other models get the prefix only.
+(detected from the tokenizer's vocabulary), the hole starting a few lines above the cursor
+so that typing leaves the suffix's cached KV valid; other models get the prefix only.
 
 The prefix window starts at a line start chosen on a coarse grid of line numbers,
 so that while the user types, consecutive prompts begin with the same tokens and
@@ -29,6 +30,10 @@ CHARS_PER_TOKEN = 8
 # The prefix window starts on a line number that is a multiple of this, so it moves
 # once per LINE_GRID lines typed rather than with every keystroke.
 LINE_GRID = 16
+# A FIM prompt's hole starts on a line whose number is a multiple of this (see build_prompt), and the text from
+# there to the cursor, up to 1/MIDDLE_SHARE of the room, follows the middle marker.
+MIDDLE_GRID = 4
+MIDDLE_SHARE = 4
 
 
 @dataclass(frozen=True)
@@ -159,10 +164,14 @@ def _suffix_window(hf_tokenizer: Any, after: str, budget: int) -> tuple[str, lis
 
 
 def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
-                 fim: Fim | None, suffix_fraction: float = 0.25) -> Prompt:
+                 fim: Fim | None, suffix_fraction: float = 0.25, split_line: bool = True) -> Prompt:
     """Prompt ids for a cursor between `before` and `after`.
 
-    With FIM: `suffix_fraction` of the budget goes to the suffix, what it leaves to the prefix.
+    With FIM: `suffix_fraction` of the budget goes to the suffix, what it leaves to the prefix. The hole starts
+    at the start of a line at most MIDDLE_GRID - 1 lines above the cursor, and the text from there to the
+    cursor follows the middle marker, as the start of the middle (`split_line`; else the hole starts at the
+    cursor): typing then changes only the prompt's last tokens, and the decoder's cache keeps the suffix, which
+    a hole at the cursor would make it prefill again at every keystroke.
     The prompt ends before the whitespace that `held_back` names.
     """
     held = held_back(before)
@@ -174,7 +183,28 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
         prefix, prefix_ids = _prefix_window(hf_tokenizer, before, budget - len(bos))
         return Prompt(bos + prefix_ids, prefix, "", None, held)
     room = budget - len(bos) - 3  # the three FIM markers
+    line, line_ids = _middle_so_far(hf_tokenizer, before, room // MIDDLE_SHARE) if split_line else ("", [])
+    # the suffix's share does not depend on the middle's length, so that typing leaves the suffix as it is
     suffix, suffix_ids = _suffix_window(hf_tokenizer, after, int(room * suffix_fraction))
-    prefix, prefix_ids = _prefix_window(hf_tokenizer, before, room - len(suffix_ids))
-    ids = bos + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id]
-    return Prompt(ids, prefix, suffix, fim, held)
+    prefix, prefix_ids = _prefix_window(hf_tokenizer, before[: len(before) - len(line)],
+                                        room - len(suffix_ids) - len(line_ids))
+    ids = bos + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id] + line_ids
+    return Prompt(ids, prefix + line, suffix, fim, held)
+
+
+def _middle_so_far(hf_tokenizer: Any, before: str, budget: int) -> tuple[str, list[int]]:
+    """The text from the hole's start to the cursor and its ids: the hole starts on a line whose number is a
+    multiple of MIDDLE_GRID (so that it moves once per MIDDLE_GRID lines written), else at the cursor line's
+    start when that takes more than `budget` tokens, else at the cursor (a huge line)."""
+    line_start = before.rfind("\n") + 1
+    grid_start = line_start
+    for _ in range(before.count("\n") % MIDDLE_GRID):  # back to the line on the grid
+        grid_start = before.rfind("\n", 0, grid_start - 1) + 1
+    for start in dict.fromkeys((grid_start, line_start)):
+        middle = before[start:]
+        if not middle or len(middle) > budget * CHARS_PER_TOKEN:
+            continue
+        ids = list(hf_tokenizer(middle, add_special_tokens=False)["input_ids"])
+        if len(ids) <= budget:
+            return middle, ids
+    return "", []

@@ -5,6 +5,10 @@ steps. A request for the identical text and cursor (the inline request and the s
 keystroke) shares the job already there instead. Each requester holds its own future; the work stops once all of
 them have given up, or when the document changes. A short debounce before decoding lets a burst of keystrokes
 collapse into one request.
+
+While no request waits or runs, the thread does idle work: it warms the decoder's cache for the place the next
+request will most likely come from (`expect`). That work is asked between small chunks whether a request came in,
+and gives way to it at once.
 """
 
 from __future__ import annotations
@@ -95,17 +99,30 @@ def resolve_future(future: Future, value) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class Expected:
+    """Where the next request will most likely come from: the last change or request."""
+
+    doc_id: str
+    before: str
+    after: str
+
+
 class RequestQueue:
-    """Jobs waiting for the decoding thread, which runs `run(job)` for each (under no lock)."""
+    """Jobs waiting for the decoding thread, which runs `run(job)` for each (under no lock); when none waits, it
+    runs `warm(expected, wanted)` for the last place `expect`ed, where `wanted()` says a job is waiting."""
 
     def __init__(self, lock: threading.RLock, run: Callable[[Job], Completion | None],
                  debounce_s: Callable[[], float], on_cancelled: Callable[[], None],
-                 on_error: Callable[[Exception], None]):
+                 on_error: Callable[[Exception], None],
+                 warm: Callable[[Expected, Callable[[], bool]], None] | None = None):
         self._cond = threading.Condition(lock)
         self._run, self._debounce_s = run, debounce_s
         self._on_cancelled, self._on_error = on_cancelled, on_error
+        self._warm = warm
         self._queue: deque[Job] = deque()
         self._running: Job | None = None
+        self._expected: Expected | None = None
         self._closed = False
         self.thread = threading.Thread(target=self._work, name="rest-lsp-decoder", daemon=True)
         self.thread.start()
@@ -128,6 +145,18 @@ class RequestQueue:
             self._cond.notify_all()
         return ticket
 
+    def expect(self, doc_id: str, before: str, after: str) -> None:
+        """The next request will likely come here: warm the cache for it while idle (replaces the previous)."""
+        if self._warm is None:
+            return
+        with self._cond:
+            self._expected = Expected(doc_id, before, after)
+            self._cond.notify_all()
+
+    def wanted(self) -> bool:
+        """A job is waiting (or the queue closes): idle work must give way."""
+        return bool(self._queue) or self._closed
+
     def cancel(self, doc_id: str) -> None:
         """Stop the document's jobs (they answer None)."""
         with self._cond:
@@ -149,14 +178,21 @@ class RequestQueue:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not self._queue and not self._closed and self._expected is None:
                     self._cond.wait()
                 if self._closed:
                     for job in self._queue:
                         job.resolve(None)
                     return
-                job = self._queue.popleft()
-                self._running = job
+                if not self._queue:
+                    expected, self._expected = self._expected, None
+                    job = None
+                else:
+                    job = self._queue.popleft()
+                    self._running = job
+            if job is None:
+                self._idle(expected)
+                continue
             try:
                 result = None
                 if not job.cancelled() and not job.cancel_event.wait(self._debounce_s()):
@@ -171,3 +207,9 @@ class RequestQueue:
             finally:
                 with self._cond:
                     self._running = None
+
+    def _idle(self, expected: Expected) -> None:
+        try:
+            self._warm(expected, self.wanted)
+        except Exception:  # a warm-up that failed costs only its time: the request computes what it needs
+            log.exception("warming the cache failed")

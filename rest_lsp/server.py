@@ -161,6 +161,14 @@ def _cursor(ls: RestLanguageServer, uri: str, position: types.Position) -> tuple
     return text, sum(len(line) for line in lines[: server_pos.line]) + server_pos.character, clamped
 
 
+def _changed_at(ls: RestLanguageServer, uri: str, params) -> int | None:
+    """Character offset just after the last edit of a didChange with ranges (where typing goes on), else None."""
+    change = (getattr(params, "content_changes", None) or [None])[-1]
+    start = getattr(getattr(change, "range", None), "start", None)
+    found = _cursor(ls, uri, start) if start is not None else None
+    return None if found is None else found[1] + len(change.text)
+
+
 async def _complete(ls: RestLanguageServer, uri: str, position: types.Position):
     """(Completion or None, clamped position); cancels the service's work when this request is cancelled.
 
@@ -251,6 +259,9 @@ def create_server(settings: Settings | None = None) -> RestLanguageServer:
         if doc is not None and ls.service is not None:
             ls.service.cancel(uri)  # a decode for the older text is wasted: stop it
             ls.service.change_buffer(_doc_id(uri), doc.source)
+            where = _changed_at(ls, uri, params)
+            if where is not None:
+                ls.service.expect(uri, doc.source, where)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: RestLanguageServer, params: types.DidCloseTextDocumentParams) -> None:

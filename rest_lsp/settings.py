@@ -31,6 +31,7 @@ class Settings:
     context_tokens: int = 1024  # prompt budget, prefix + suffix
     suffix_fraction: float = 0.25  # share of context_tokens kept for the suffix (FIM models only)
     debounce_ms: int = 20  # wait this long before decoding; a newer request in the meantime wins
+    document_cache_mb: int = 256  # KV caches kept for recently used documents besides the current one; 0 = none
     ignore: tuple[str, ...] = ()  # extra gitignore-style patterns the indexer skips
     index_workspace: bool = True
     max_file_bytes: int = 1_000_000
@@ -94,6 +95,7 @@ _RANGES = {
     "draft_budget": (0, 1024),
     "context_tokens": (16, 1 << 20),
     "debounce_ms": (0, 10_000),
+    "document_cache_mb": (0, 1 << 20),
     "max_file_bytes": (1, 1 << 34),
 }
 _DTYPES = ("float32", "float16", "bfloat16", "auto")
@@ -153,6 +155,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--context-tokens", type=int, help="prompt budget in tokens (default: 1024)")
     g.add_argument("--suffix-fraction", type=float, help="share of the budget for the suffix, FIM only (default: 0.25)")
     g.add_argument("--debounce-ms", type=int, help="wait before decoding (default: 20)")
+    g.add_argument("--document-cache-mb", type=int, help="memory for the KV caches of recently used documents, so "
+                   "switching back to one prefills only what changed; 0 keeps none (default: 256)")
     w = parser.add_argument_group("workspace")
     w.add_argument("--ignore", action="append", help="extra gitignore pattern to skip (repeatable)")
     w.add_argument("--no-index", dest="index_workspace", action="store_false", default=None,

@@ -114,6 +114,28 @@ async def test_did_change_edits_applied_in_order(session):
     assert await wait_until(seen, timeout=10)
 
 
+async def test_an_edit_warms_the_prompt_of_a_request_there(session):
+    client, _, root, model_dir = session
+    uri = (root / "warm.py").as_uri()
+    text = "".join(f"def step_{i}(x):\n    return x + {i}\n\n" for i in range(30))
+    open_doc(client, uri, text)
+    warmed = (await command(client, STATS_COMMAND))["prewarm_tokens"]
+    line = text.count("\n") - 1  # the last line break: a new line at the end
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=types.Position(line + 1, 0), end=types.Position(line + 1, 0)), text="y = step_")]))
+
+    async def warm_done():
+        return (await command(client, STATS_COMMAND))["prewarm_tokens"] > warmed
+
+    assert await wait_until(warm_done, timeout=60), "the edit warmed nothing"
+    prefilled = (await command(client, STATS_COMMAND))["prefill_tokens"]
+    result = await inline(client, uri, line + 1, len("y = step_"))
+    assert (await command(client, STATS_COMMAND))["prefill_tokens"] == prefilled  # all of it computed ahead
+    assert [i.insert_text for i in result.items] == [greedy(model_dir, text + "y = step_", "", MAX_NEW)]
+
+
 async def _answer(request, what: str, timeout: float = 300):
     """A request's reply; fails with `what` when none comes in a generous time."""
     try:
