@@ -447,15 +447,15 @@ class Decoder:
         for start in range(keep, len(tokens), size):
             if stop is not None and stop():
                 break
-            chunk = list(tokens[start : start + size])
-            ids = torch.tensor(chunk, device=self.device)  # [T]
-            pos = torch.arange(start, start + len(chunk), device=self.device)  # [T]
+            part = list(tokens[start : start + size])
+            ids = torch.tensor(part, device=self.device)  # [T]
+            pos = torch.arange(start, start + len(part), device=self.device)  # [T]
             if self.lean is not None:
                 self.lean.forward(ids, pos, self._cache)
             else:
                 self.model(input_ids=ids[None], position_ids=pos[None], cache=self._cache, use_cache=True,
                            logits_to_keep=1)
-            self._cached.extend(chunk)
+            self._cached.extend(part)
             self._rope_long = long
         return len(self._cached) - keep
 

@@ -54,7 +54,7 @@ def common_prefix(a, b) -> int:
 
 
 class HeldFirstPass:
-    """Wraps the decoder's model: the first forward pass after `arm()` signals `started` and waits for
+    """Wraps the decoder's forward pass (its model, or its lean engine's forward): the first pass after `arm()` signals `started` and waits for
     `release`, so that a request can arrive while a warm-up chunk is being computed."""
 
     def __init__(self, model):
@@ -75,13 +75,21 @@ class HeldFirstPass:
         return getattr(self.model, name)
 
 
+def _hold(decoder) -> HeldFirstPass:
+    """Hold the decoder's forward passes: our own engine's, or the transformers model's."""
+    if decoder.lean is not None:
+        held = decoder.lean.forward = HeldFirstPass(decoder.lean.forward)
+    else:
+        held = decoder.model = HeldFirstPass(decoder.model)
+    return held
+
+
 # -- 1. warm before asked -----------------------------------------------------------------------------------------
 
 
 def test_a_request_arriving_during_a_warm_up_waits_at_most_the_chunk_in_flight(tiny_models):
     svc = started(Settings(model=str(tiny_models["random"]), max_new_tokens=6, debounce_ms=0, index_workspace=False))
-    held = HeldFirstPass(svc._decoder.model)
-    svc._decoder.model = held
+    held = _hold(svc._decoder)
     try:
         text = source(0, 40)
         at = text.index("def scale_30")
