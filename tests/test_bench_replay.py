@@ -190,6 +190,14 @@ def test_compare_lists_every_request_whose_suggestion_differs_between_configurat
     assert not compare(records[:3], ["rest", "plain"])["line"]["same_requests"]
 
 
+def test_a_suggestion_cut_at_a_line_end_is_told_apart_from_a_mismatch():
+    records = [record("rest", 0, "a = 1\n    b = 2"), record("rest", 1, "c = 3\n    d"),
+               record("plain", 0, "a = 1"), record("plain", 1, "c = 3 + 1")]
+    same = compare(records, ["rest", "plain"])["line"]
+    assert [m["plain"] for m in same["cut_at_a_line_end"]] == ["a = 1"]  # the time budget stopped plain there
+    assert [m["plain"] for m in same["mismatches"]] == ["c = 3 + 1"]  # a prefix, but not at a line end
+
+
 def test_the_table_has_each_mode_the_ratios_the_plain_step_and_the_mismatches():
     requests = []
     for mode in ("line", "typed"):
