@@ -220,4 +220,4 @@ def test_the_table_has_each_mode_the_ratios_the_plain_step_and_the_mismatches():
     assert "| tokens/step | 3.00 | 1.00 | 3.00x |" in out and "| ms/token | 20.0 | 40.0 | 0.50x |" in out
     assert "p50 latency, ms (plain steps) | 402 (10.0) | 802 (20.0) | 0.50x |" in out
     assert "Plain decoding step in this run (ms/token of the plain server): 40.0 ms." in out
-    assert out.count("(1 mismatches)") == 2 and "mismatch json/tool.py:22 (line-start): rest='y'  vs  plain='z'" in out
+    assert out.count(", 1 mismatches.") == 2 and "mismatch json/tool.py:22 (line-start): rest='y'  vs  plain='z'" in out
