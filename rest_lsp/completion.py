@@ -413,16 +413,18 @@ class CompletionService:
         tokens = whole_characters(tokenizer.decode, _until_stop(result.tokens, stop_ids))
         text = budget.cut(finish_text(tokenizer.decode(tokens), ctx))
         with self._lock:
-            self._gen_tokens += len(result.tokens)
-            self._gen_steps += result.steps
-            self._decode_ms += result.decode_ms
-            self._draft_ms += result.draft_ms
+            parked = job.speculative and not job.has_waiters()
+            if not parked:  # the running totals measure the decoding of requests (clients take differences)
+                self._gen_tokens += len(result.tokens)
+                self._gen_steps += result.steps
+                self._decode_ms += result.decode_ms
+                self._draft_ms += result.draft_ms
             if job.speculative:
                 self._prefetched += 1
             else:
                 self._decoded += 1
             save = (self._decoded + self._prefetched) % SAVE_ACCEPTANCE_EVERY == 0
-            if job.speculative and not job.has_waiters():
+            if parked:
                 # nobody asked yet: put it aside for the request that accepting the shown suggestion brings
                 job.parked = True
                 self._prefetch.store(job.doc_id, job.before, job.after, text)
@@ -493,7 +495,8 @@ class CompletionService:
                 "cancelled": self._cancelled,
                 "mean_tokens_per_step": self._gen_tokens / self._gen_steps if self._gen_steps else None,
                 "mean_ms_per_token": self._decode_ms / self._gen_tokens if self._gen_tokens else None,
-                # running totals, so that a client can measure an interval by differences
+                # running totals of the decoding that requests waited for (prefetches put aside are left out),
+                # so that a client can measure an interval by differences
                 "generated_tokens": self._gen_tokens,
                 "decode_steps": self._gen_steps,
                 "decode_ms": self._decode_ms,

@@ -121,7 +121,7 @@ def test_a_prefetch_hit_is_served_without_decoding(tiny_models, generate_calls):
         svc.close()
 
 
-def test_a_prefetch_is_not_served_after_an_unrelated_edit(tiny_models, generate_calls):
+def test_a_prefetch_is_not_served_after_an_unrelated_edit(tiny_models):
     svc = _service(tiny_models["random"])
     try:
         before, after = PREAMBLE + BEFORE, AFTER
@@ -131,12 +131,11 @@ def test_a_prefetch_is_not_served_after_an_unrelated_edit(tiny_models, generate_
         # far above the cursor, one character replaced: same lengths, same text near the cursor, another version
         edited = before.replace("def helper_0", "def helper_9", 1)
         assert edited != before and len(edited) == len(before)
-        calls = len(generate_calls)
         answer = _submit(svc, "mem://q.py", edited + shown.text, after)
-        assert answer is None or answer.source == "model", answer
-        assert len(generate_calls) == calls + 1 and svc.stats()["prefetch_hits"] == 0
-        expected = greedy(tiny_models["random"], edited + shown.text, after, MAX_NEW)
-        assert (answer.text if answer else "") == expected
+        assert answer is not None and answer.source == "model" and answer.steps > 0, answer  # decoded again
+        stats = svc.stats()
+        assert stats["prefetch_hits"] == 0 and stats["completions_decoded"] == 2
+        assert answer.text == greedy(tiny_models["random"], edited + shown.text, after, MAX_NEW)
     finally:
         svc.close()
 
