@@ -166,6 +166,22 @@ def test_a_request_stops_a_running_prefetch_after_the_step_it_is_in(tiny_models,
         svc.close()
 
 
+def test_accepting_the_shown_suggestion_does_not_stop_its_prefetch(tiny_models, generate_calls):
+    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
+    try:
+        generate_calls.hold_at = 2  # the prefetch after the first answer
+        assert _submit(svc, "mem://s.py", "x = ", "\n").text == "xxxx"
+        assert generate_calls.held.wait(60), "the prefetch never started"
+        svc.cancel("mem://s.py")  # the document changed (the editor inserted the suggestion) while it ran
+        generate_calls.release.set()
+        wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch to finish")
+        hit = _submit(svc, "mem://s.py", "x = xxxx", "\n")
+        assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
+    finally:
+        generate_calls.release.set()
+        svc.close()
+
+
 # -- 5. the suggestion cache ----------------------------------------------------------------------------------
 
 
@@ -254,6 +270,7 @@ def test_the_debounce_follows_the_typing_speed(tiny_models):
         for _ in range(6):
             svc.cancel("mem://d.py")  # what the server calls on each change of a document
         assert svc.stats()["debounce_ms"] == pytest.approx(120)
+        assert svc._requests._debounce_s() == pytest.approx(0.12)  # what the decoding thread waits
         svc.cancel("mem://d.py")  # a pause of 99 s is not typing
         svc.cancel("mem://d.py")  # then one quick keystroke
         assert svc.stats()["debounce_ms"] == pytest.approx(120)
