@@ -490,8 +490,7 @@ class CompletionService:
                 "prefetched": self._prefetched,  # prefetches computed in full
                 "prefetch_hits": self._prefetch_hits,
                 "prefetch_cancelled": self._prefetch_cancelled,
-                "debounce_ms": self._pace.debounce_s(self.settings.debounce_ms / 1e3,
-                                                     self.settings.debounce_max_ms / 1e3) * 1e3,
+                "debounce_ms": self._debounce_s() * 1e3,  # what the next request waits, at the current pace
                 "cancelled": self._cancelled,
                 "mean_tokens_per_step": self._gen_tokens / self._gen_steps if self._gen_steps else None,
                 "mean_ms_per_token": self._decode_ms / self._gen_tokens if self._gen_tokens else None,

@@ -166,11 +166,21 @@ class RequestQueue:
             self._cond.notify_all()
         return self.thread
 
+    def _speculative(self) -> Job | None:
+        """The owner's speculative work, if any; a failure there must not end the thread that serves requests."""
+        if self._idle is None:
+            return None
+        try:
+            return self._idle()
+        except Exception:
+            log.exception("speculative work failed")
+            return None
+
     def _work(self) -> None:
         while True:
             with self._cond:
                 while not self._queue and not self._closed:
-                    speculative = self._idle() if self._idle is not None else None
+                    speculative = self._speculative()
                     if speculative is not None:
                         self._queue.append(speculative)
                     else:

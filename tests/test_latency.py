@@ -333,3 +333,23 @@ async def test_accepting_a_suggestion_is_answered_by_the_prefetch_over_lsp(tiny_
 
 async def _ready(stats) -> bool:
     return (await stats())["ready"]
+
+
+def test_the_latency_settings_from_the_editor_and_the_command_line():
+    import argparse
+
+    from rest_lsp import settings as settings_module
+
+    s, errors = Settings().update({"timeBudgetMs": 300, "debounceMaxMs": 400, "suggestionCacheSize": 10,
+                                   "prefetch": False})
+    assert not errors
+    assert (s.time_budget_ms, s.debounce_max_ms, s.suggestion_cache_size, s.prefetch) == (300, 400, 10, False)
+    kept, errors = s.update({"timeBudgetMs": -1, "prefetch": "no", "suggestionCacheSize": 1.5})
+    assert kept == s and len(errors) == 3
+    parser = argparse.ArgumentParser()
+    settings_module.add_arguments(parser)
+    args = parser.parse_args(["--time-budget-ms", "0", "--debounce-max-ms", "100", "--suggestion-cache-size", "0",
+                              "--no-prefetch"])
+    cli = Settings.from_args(args)
+    assert (cli.time_budget_ms, cli.debounce_max_ms, cli.suggestion_cache_size, cli.prefetch) == (0, 100, 0, False)
+    assert Settings.from_args(parser.parse_args([])).prefetch is True
