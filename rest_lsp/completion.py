@@ -317,6 +317,7 @@ class CompletionService:
         suggestion for this very text, type-through, or the suggestion cache."""
         if not self._ready.is_set() or self._closed:
             return True, None
+        self._prefetch.drop_wishes()  # they follow the last answer; this request makes them stale
         prefetched = self._prefetch.serve(job.doc_id, job.before, job.after)
         if prefetched is not None:
             self._prefetch_hits += 1

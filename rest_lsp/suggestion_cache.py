@@ -6,19 +6,23 @@ Two stores, with different promises:
     against what was typed since: a user who typed the start of a cached suggestion gets its rest, one who deleted
     back to an earlier spot gets that spot's suggestion again. The key is the nearby text only, so a hit may come from
     another version of the document (that is the point: the text around the cursor is what the model looked at most).
-  - `Prefetch`: the one suggestion computed ahead, while the user is idle, for the text that accepting the shown
-    suggestion makes. It is served only for exactly that document text and cursor: hashes and lengths of the whole
-    prefix and suffix, so it is never returned for another version.
+  - `Prefetch`: the suggestions computed ahead, while the user is idle, for the text that accepting the shown
+    suggestion makes (and the next line of it). One is served only for exactly that document text and cursor:
+    hashes and lengths of the whole prefix and suffix, so it is never returned for another version.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
+
+from rest_lsp.postprocess import BLOCK_OPENERS
 
 KEY_PREFIX_CHARS = 256  # prefix characters in a cache key: enough to tell two places of one file apart
 KEY_SUFFIX_CHARS = 4096  # how far the suffix is searched for the next non-blank line (the suffix may be megabytes)
 TYPED_SCAN_CHARS = 128  # how many typed characters a cached suggestion may lie behind the cursor (llama.vim: 128)
+PREFETCH_PLACES = 2  # prefetched suggestions kept: after the accepted text, and on the next line
+INDENT_UNIT = "    "  # one level of auto-indent after a block opener, in a file indented with spaces
 
 
 def _suffix_key(after: str) -> tuple[str, str]:
@@ -98,38 +102,57 @@ class Place:
 
 
 class Prefetch:
-    """The suggestion that follows accepting the shown one: which text to compute it for next, and the one computed
-    (the caller serializes access; the computing happens on the decoder's thread)."""
+    """The suggestions that follow accepting the shown one: which texts to compute them for next, and the ones
+    computed (the caller serializes access; the computing happens on the decoder's thread).
+
+    Two places are wished for, in order: the cursor right after the accepted text (where the editor asks at once),
+    and, when that is a line end, the start of the next line after the user presses Enter (where a suggestion
+    that ended with its line is continued; at a line end the stop rules show nothing more). The next line's
+    indentation is the editor's auto-indent guessed: the line's own, one level deeper after a block opener."""
 
     def __init__(self) -> None:
-        self._wanted: tuple[str, str, str] | None = None  # (doc_id, before, after) to compute while idle
-        self._ready: tuple[Place, str] | None = None
+        self._wanted: deque[tuple[str, str, str]] = deque()  # (doc_id, before, after) to compute while idle
+        self._ready: dict[Place, str] = {}  # at most PREFETCH_PLACES
 
     def want(self, doc_id: str, before: str, after: str, shown: str) -> None:
-        """A suggestion is shown: the next prefetch is for the text with it inserted, cursor after it (replaces an
-        older wish; the text is the whole document, held until the worker takes it)."""
-        self._wanted = (doc_id, before + shown, after)
+        """A suggestion is shown: the next prefetches are for the text with it inserted (replaces older wishes;
+        the texts are whole documents, held until the worker takes them)."""
+        accepted = before + shown
+        self._wanted = deque([(doc_id, accepted, after)])
+        line = accepted[accepted.rfind("\n") + 1:]
+        rest = after.split("\n", 1)[0]
+        if line.strip() and not rest.strip():
+            self._wanted.append((doc_id, accepted + "\n" + _next_indent(line), after))
 
     def take_wanted(self) -> tuple[str, str, str] | None:
-        wanted, self._wanted = self._wanted, None
-        if wanted is not None and self._ready is not None and self._ready[0] == Place.of(*wanted):
-            return None  # computed already
-        return wanted
+        while self._wanted:
+            wanted = self._wanted.popleft()
+            if Place.of(*wanted) not in self._ready:  # else computed already
+                return wanted
+        return None
+
+    def drop_wishes(self) -> None:
+        self._wanted.clear()
 
     def forget(self) -> None:
-        self._wanted = None
-        self._ready = None
+        self._wanted.clear()
+        self._ready.clear()
 
     def store(self, doc_id: str, before: str, after: str, text: str) -> None:
-        self._ready = (Place.of(doc_id, before, after), text)
+        self._ready[Place.of(doc_id, before, after)] = text
+        while len(self._ready) > PREFETCH_PLACES:
+            del self._ready[next(iter(self._ready))]  # the oldest
 
     def serve(self, doc_id: str, before: str, after: str) -> str | None:
         """The prefetched text ("" = the model had nothing to show) when it was computed for exactly this text and
         cursor; else None. Served once."""
-        if self._ready is None:
+        if not self._ready:
             return None
-        place, text = self._ready
-        if place != Place.of(doc_id, before, after):
-            return None
-        self._ready = None
-        return text
+        return self._ready.pop(Place.of(doc_id, before, after), None)
+
+
+def _next_indent(line: str) -> str:
+    indent = line[: len(line) - len(line.lstrip(" \t"))]
+    if line.rstrip().endswith(BLOCK_OPENERS):
+        indent += "\t" if indent.startswith("\t") else INDENT_UNIT
+    return indent

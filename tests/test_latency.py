@@ -145,9 +145,10 @@ def test_a_request_stops_a_running_prefetch_after_the_step_it_is_in(tiny_models,
     svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
     try:
         assert _submit(svc, "mem://r.py", "x = ", "\n").text == "xxxx"  # generate call 1
-        wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch of x = xxxx")  # call 2
+        # calls 2 and 3: after accepting it, at its end and on the next line
+        wait_for(lambda: svc.stats()["prefetched"] == 2, 60, "the prefetches after x = xxxx")
         svc.update_settings(Settings(**{**svc.settings.__dict__, "max_new_tokens": 2000}))
-        generate_calls.hold_at = 3  # the prefetch after the next hit: 2,000 tokens unless a request stops it
+        generate_calls.hold_at = 4  # the prefetch after the next hit: 2,000 tokens unless a request stops it
         hit = _submit(svc, "mem://r.py", "x = xxxx", "\n")
         assert hit is not None and hit.source == "prefetch"
         assert generate_calls.held.wait(60), "the next prefetch never started"
@@ -157,10 +158,10 @@ def test_a_request_stops_a_running_prefetch_after_the_step_it_is_in(tiny_models,
         generate_calls.release.set()
         other = ticket.future.result(60)
         assert other is not None and other.text == "xxxx" and other.source == "model"
-        prefetch = generate_calls[2]
+        prefetch = generate_calls[3]
         assert (prefetch.finish, prefetch.steps) == ("stopped", 1)  # stopped after the step it was in
         stats = svc.stats()
-        assert stats["prefetch_cancelled"] == 1 and stats["cancelled"] == 0 and len(generate_calls) == 4
+        assert stats["prefetch_cancelled"] == 1 and stats["cancelled"] == 0
     finally:
         generate_calls.release.set()
         svc.close()
@@ -353,3 +354,15 @@ def test_the_latency_settings_from_the_editor_and_the_command_line():
     cli = Settings.from_args(args)
     assert (cli.time_budget_ms, cli.debounce_max_ms, cli.suggestion_cache_size, cli.prefetch) == (0, 100, 0, False)
     assert Settings.from_args(parser.parse_args([])).prefetch is True
+
+
+def test_the_prefetch_places_are_after_the_accepted_text_and_on_the_next_line():
+    from rest_lsp.suggestion_cache import Prefetch
+
+    prefetch = Prefetch()
+    prefetch.want("d", "def f(x):\n    ", "\n", "if x:")
+    assert prefetch.take_wanted() == ("d", "def f(x):\n    if x:", "\n")
+    assert prefetch.take_wanted() == ("d", "def f(x):\n    if x:\n        ", "\n")  # Enter after an opener
+    assert prefetch.take_wanted() is None
+    prefetch.want("d", "y = f(", ")\n", "1, 2")  # mid-line: only the end of the accepted text
+    assert prefetch.take_wanted() == ("d", "y = f(1, 2", ")\n") and prefetch.take_wanted() is None
