@@ -317,7 +317,6 @@ class CompletionService:
         suggestion for this very text, type-through, or the suggestion cache."""
         if not self._ready.is_set() or self._closed:
             return True, None
-        self._prefetch.drop_wishes()  # they follow the last answer; this request makes them stale
         prefetched = self._prefetch.serve(job.doc_id, job.before, job.after)
         if prefetched is not None:
             self._prefetch_hits += 1
@@ -330,6 +329,7 @@ class CompletionService:
         if cached is not None:
             self._cache_hits += 1
             return True, self._serve(job, cached, "cache")
+        self._prefetch.drop_wishes()  # they follow the last answer; a request that needs decoding makes them stale
         return False, None
 
     def _serve(self, job: Job, text: str, source: str, shown=None, tokens: int = 0, steps: int = 0) -> Completion:

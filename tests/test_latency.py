@@ -183,6 +183,22 @@ def test_accepting_the_shown_suggestion_does_not_stop_its_prefetch(tiny_models, 
         svc.close()
 
 
+def test_a_request_answered_without_decoding_lets_a_running_prefetch_go_on(tiny_models, generate_calls):
+    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
+    try:
+        generate_calls.hold_at = 3  # call 2: after the accepted text; call 3: on the next line
+        assert _submit(svc, "mem://g.py", "x = ", "\n").text == "xxxx"
+        assert generate_calls.held.wait(60), "the second prefetch never started"
+        hit = _submit(svc, "mem://g.py", "x = xxxx", "\n")  # the editor asks after accepting: no decoding needed
+        assert hit is not None and hit.source == "prefetch"
+        generate_calls.release.set()
+        wait_for(lambda: generate_calls[2] is not None, 60, "the second prefetch to end")
+        assert generate_calls[2].finish == "length" and svc.stats()["prefetch_cancelled"] == 0
+    finally:
+        generate_calls.release.set()
+        svc.close()
+
+
 # -- 5. the suggestion cache ----------------------------------------------------------------------------------
 
 
