@@ -1,6 +1,6 @@
 """The prefetch in the best case: a person who reads each suggestion until the server is idle, then accepts it.
 
-At fresh lines after block openers of a source file (the body below removed), the person asks, accepts, asks again
+At body starts after block openers of a source file (what follows removed), the person asks, accepts, asks again
 at the end of the accepted text, presses Enter (the editor's indentation) and asks again, ACCEPTS times per place.
 Prints the latency of the answers by source (model = decoded, prefetch = computed ahead) and the service's counters.
 
@@ -13,7 +13,7 @@ from rest_lsp.settings import Settings
 
 src = Path(sys.argv[4] if len(sys.argv) > 4 else Path(__file__).resolve().parents[1] / "rest_lsp" / "scheduling.py").read_text()
 lines = src.split("\n")
-places = []  # (before, after): cursor at a fresh line after a block opener, the body removed below it
+places = []  # (before, after): cursor at the body start after a block opener, the rest of the file removed
 off = 0
 for i, line in enumerate(lines[:-1]):
     off += len(line) + 1
