@@ -7,8 +7,8 @@ them have given up, or when the document changes. A short debounce before decodi
 collapse into one request.
 
 When no request waits, the thread asks its owner for speculative work (`idle`: a prefetch). A speculative job has
-no requester; any request cancels it (it stops after the decoding step it is in), unless the request is for the
-identical text and cursor: then the request shares it. A change to the document does not stop it: accepting the
+no requester; a request that needs decoding cancels it (it stops after the decoding step it is in), unless the
+request is for the identical text and cursor: then the request shares it. A change to the document does not stop it: accepting the
 shown suggestion is such a change, and the speculative job is computing what comes after it.
 """
 
@@ -131,7 +131,6 @@ class RequestQueue:
                 if job is not None and job.is_for(doc_id, before, after) and not job.cancelled():
                     return Ticket(job)
             self._cancel(doc_id)
-            self._cancel_speculative()  # a real request goes first
             job = Job(doc_id, before, after)
             ticket = Ticket(job)
             now, value = answer(job)
@@ -139,6 +138,7 @@ class RequestQueue:
                 job.resolve(value if now else None)
                 self._cond.notify_all()  # answering may have left speculative work for the idle thread
                 return ticket
+            self._cancel_speculative()  # a request that needs the decoder goes first
             self._queue.append(job)
             self._cond.notify_all()
         return ticket
