@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_args(args)
     if not args.workspace:
         settings, _ = settings.update({"index_workspace": False})
+    settings, _ = settings.update({"prefetch": False})  # one request: no next one to compute ahead for
     service = CompletionService(settings, _CommandEvents())
     try:
         service.start([Path(args.workspace)] if args.workspace else [])

@@ -13,7 +13,12 @@ Latency rules:
     identical text and cursor shares the running one instead;
   - type-through: when the user typed the start of the last suggestion, the rest of it
     is the answer, without decoding;
-  - a short debounce before decoding lets a burst of keystrokes collapse into one request;
+  - answers kept for later (suggestion_cache.py): an LRU by the text around the cursor, matched
+    against what was typed since, and the prefetch: while a suggestion is shown and no request
+    waits, the decoder's thread computes the one that follows accepting it;
+  - a time budget (pacing.py): after it a completion ends at the next line end;
+  - a debounce before decoding lets a burst of keystrokes collapse into one request; it follows
+    the typing speed (pacing.py);
   - background tokenizing (indexing, open buffers) uses its own copy of the tokenizer, so
     prompt building never waits for it;
   - warm before asked: while idle, the decoding thread prefills the prompt of the last change
@@ -39,9 +44,11 @@ from rest_lsp.drafts import SOURCE_NAMES
 from rest_lsp.feeding import DatastoreFeed, workspace_key
 from rest_lsp.postprocess import StopContext, stop_context, trim
 from rest_lsp.lifecycle import ServingModel, clamped, fit_context, load_serving_model
+from rest_lsp.pacing import LineBudget, TypingPace
 from rest_lsp.prompt import Prompt, build_prompt
 from rest_lsp.scheduling import Completion, Expected, Job, RequestQueue, Ticket
 from rest_lsp.settings import Settings
+from rest_lsp.suggestion_cache import Prefetch, SuggestionCache
 from rest_lsp.suggestions import ACCEPT_CONTEXT_CHARS, IncrementalText, ShownSuggestions, whole_characters
 
 __all__ = ["Completion", "CompletionService", "NoEvents", "ServiceEvents", "Ticket", "finish_text"]
@@ -107,8 +114,17 @@ class CompletionService:
         self._prefill_tokens = 0
         self._prewarm_tokens = 0
         self._prewarm_chunks = 0
-        self._requests = RequestQueue(self._lock, self._complete, lambda: self.settings.debounce_ms / 1e3,
-                                      self._count_cancelled, self._completion_failed, warm=self._warm)
+        self._cache = SuggestionCache(settings.suggestion_cache_size)
+        self._prefetch = Prefetch()
+        self._pace = TypingPace()
+        self._clock = time.perf_counter  # the time budget's clock
+        self._cache_hits = 0
+        self._prefetched = 0
+        self._prefetch_hits = 0
+        self._prefetch_cancelled = 0
+        self._requests = RequestQueue(self._lock, self._complete, self._debounce_s,
+                                      self._count_cancelled, self._completion_failed, warm=self._warm,
+                                      idle=self._idle_job)
         self._feed = DatastoreFeed(self)
 
     # the feed holds the datastore and the indexes; these names stay for introspection and tests
@@ -196,6 +212,8 @@ class CompletionService:
             if self._feed.datastore is None or old_key != model.tokenizer_key:
                 replaced, retired = self._feed.reset()
             self.load_error = None
+            self._cache.clear()  # the old model's suggestions
+            self._prefetch.forget()
             self._ready.set()
         if old is not None:
             old.save_acceptance()  # what the replaced model learned
@@ -241,6 +259,9 @@ class CompletionService:
             if settings.model_key == old.model_key and self._model is not None:  # a new model: when it has loaded
                 settings, refused = fit_context(settings, old, self._model.max_context)
             self.settings = settings
+            self._cache.resize(settings.suggestion_cache_size)
+            if not settings.prefetch:
+                self._prefetch.forget()
             started = self._started
         for text in refused:
             self._report("error", text)
@@ -301,22 +322,55 @@ class CompletionService:
         self._requests.expect(doc_id, text[:offset], text[offset:])
 
     def cancel(self, doc_id: str) -> None:
-        """The document changed: stop the work for it (its requests answer None)."""
+        """The document changed: stop the work for it (its requests answer None). Sets the typing pace."""
+        with self._lock:
+            self._pace.changed()
         self._requests.cancel(doc_id)
 
+    def _debounce_s(self) -> float:
+        s = self.settings
+        with self._lock:
+            return self._pace.debounce_s(s.debounce_ms / 1e3, s.debounce_max_ms / 1e3)
+
     def _answer_now(self, job: Job) -> tuple[bool, Completion | None]:
-        """(True, answer) for a request answered without decoding: no model yet, or type-through (under the lock)."""
+        """(True, answer) for a request answered without decoding (under the lock): no model yet, the prefetched
+        suggestion for this very text, type-through, or the suggestion cache."""
         if not self._ready.is_set() or self._closed:
             return True, None
+        prefetched = self._prefetch.serve(job.doc_id, job.before, job.after)
+        if prefetched is not None:
+            self._prefetch_hits += 1
+            return True, self._serve(job, prefetched, "prefetch") if prefetched else None
         found = self._shown.typed_through(job)
-        if found is None:
-            return False, None
-        shown, rest = found
+        if found is not None:
+            self._type_through_count += 1
+            return True, self._serve(job, found[1], "type-through", found[0])
+        cached = self._cache.match(job.before, job.after)
+        if cached is not None:
+            self._cache_hits += 1
+            return True, self._serve(job, cached, "cache")
+        self._prefetch.drop_wishes()  # they follow the last answer; a request that needs decoding makes them stale
+        return False, None
+
+    def _serve(self, job: Job, text: str, source: str, shown=None, tokens: int = 0, steps: int = 0) -> Completion:
+        """A suggestion goes out (under the lock): remembered for type-through, the cache and acceptance, and the
+        one that follows accepting it becomes the next prefetch."""
+        if shown is None:
+            shown = self._shown.add(job, text)
+            self._cache.put(job.before, job.after, text)
+        if self.settings.prefetch:
+            self._prefetch.want(job.doc_id, job.before, job.after, text)
         self._served += 1
-        self._type_through_count += 1
         latency = (time.perf_counter() - job.submitted) * 1e3
         self._last_latency_ms = latency
-        return True, Completion(rest, shown.id, 0, 0, latency, "type-through")
+        return Completion(text, shown.id, tokens, steps, latency, source)
+
+    def _idle_job(self) -> Job | None:
+        """Work for the decoder's idle thread (under the lock): the prefetch wished for, if any."""
+        if not self._ready.is_set() or self._closed or not self.settings.prefetch:
+            return None
+        wanted = self._prefetch.take_wanted()
+        return Job(*wanted, speculative=True) if wanted is not None else None
 
     def _count_cancelled(self) -> None:
         with self._lock:
@@ -384,6 +438,7 @@ class CompletionService:
         tokenizer = loaded.tokenizer
         so_far = IncrementalText(tokenizer.decode)
         checked = [0]  # new tokens already checked for stop ids
+        budget = LineBudget(job.submitted, s.time_budget_ms / 1e3, self._clock)
 
         def should_stop(new: list[int]) -> bool:
             if job.cancelled():
@@ -391,7 +446,8 @@ class CompletionService:
             if any(t in stop_ids for t in new[checked[0]:]):
                 return True
             checked[0] = len(new)
-            return trim(so_far.text(new), ctx, final=False)[1]
+            shown, stopped = trim(so_far.text(new), ctx, final=False)
+            return stopped or budget.stop(shown)
 
         drafts = self._draft_source(datastore, s, suffix, model.outputs, model.recycle)
         model.documents.use(decoder, job.doc_id, s.document_cache_mb << 20)
@@ -401,30 +457,42 @@ class CompletionService:
         if job.cancelled():
             with self._lock:
                 self._prefill_tokens += result.prefill_tokens
-                self._cancelled += 1
+                if job.speculative:
+                    self._prefetch_cancelled += 1
+                else:
+                    self._cancelled += 1
             return None
         tokens = whole_characters(tokenizer.decode, _until_stop(result.tokens, stop_ids))
-        text = finish_text(tokenizer.decode(tokens), ctx)
-        latency = (time.perf_counter() - job.submitted) * 1e3
+        text = budget.cut(finish_text(tokenizer.decode(tokens), ctx))
         with self._lock:
             self._prefill_tokens += result.prefill_tokens
-            self._decoded += 1
-            self._gen_tokens += len(result.tokens)
-            self._gen_steps += result.steps
-            self._decode_ms += result.decode_ms
-            self._draft_ms += result.draft_ms
-            self._last_latency_ms = latency
-            save = self._decoded % SAVE_ACCEPTANCE_EVERY == 0
-            if not text:
-                shown = None
+            parked = job.speculative and not job.has_waiters()
+            if not parked:  # the running totals measure the decoding of requests (clients take differences)
+                self._gen_tokens += len(result.tokens)
+                self._gen_steps += result.steps
+                self._decode_ms += result.decode_ms
+                self._draft_ms += result.draft_ms
+            if job.speculative:
+                self._prefetched += 1
             else:
-                self._served += 1
-                shown = self._shown.add(job, text)
+                self._decoded += 1
+            save = (self._decoded + self._prefetched) % SAVE_ACCEPTANCE_EVERY == 0
+            if parked:
+                # nobody asked yet: put it aside for the request that accepting the shown suggestion brings
+                job.parked = True
+                self._prefetch.store(job.doc_id, job.before, job.after, text)
+                answer = None
+            elif text:
+                if job.speculative:
+                    self._prefetch_hits += 1  # a request came while it ran, and shared it
+                source = "prefetch" if job.speculative else "model"
+                answer = self._serve(job, text, source, tokens=len(result.tokens), steps=result.steps)
+            else:
+                self._last_latency_ms = (time.perf_counter() - job.submitted) * 1e3
+                answer = None
         if save:
             model.save_acceptance()
-        if shown is None:
-            return None
-        return Completion(text, shown.id, len(result.tokens), result.steps, latency, "model")
+        return answer
 
     # -- feedback and introspection ----------------------------------------------------------------------------
     def accept(self, completion_id: int | None, text: str) -> bool:
@@ -470,10 +538,17 @@ class CompletionService:
                 "completions_served": self._served,
                 "completions_decoded": self._decoded,
                 "type_through": self._type_through_count,
+                "cache_hits": self._cache_hits,
+                "cache_entries": len(self._cache),
+                "prefetched": self._prefetched,  # prefetches computed in full
+                "prefetch_hits": self._prefetch_hits,
+                "prefetch_cancelled": self._prefetch_cancelled,
+                "debounce_ms": self._debounce_s() * 1e3,  # what the next request waits, at the current pace
                 "cancelled": self._cancelled,
                 "mean_tokens_per_step": self._gen_tokens / self._gen_steps if self._gen_steps else None,
                 "mean_ms_per_token": self._decode_ms / self._gen_tokens if self._gen_tokens else None,
-                # running totals, so that a client can measure an interval by differences
+                # running totals of the decoding that requests waited for (prefetches put aside are left out),
+                # so that a client can measure an interval by differences
                 "generated_tokens": self._gen_tokens,
                 "decode_steps": self._gen_steps,
                 "decode_ms": self._decode_ms,

@@ -6,9 +6,13 @@ keystroke) shares the job already there instead. Each requester holds its own fu
 them have given up, or when the document changes. A short debounce before decoding lets a burst of keystrokes
 collapse into one request.
 
-While no request waits or runs, the thread does idle work: it warms the decoder's cache for the place the next
-request will most likely come from (`expect`). That work is asked between small chunks whether a request came in,
-and gives way to it at once.
+While no request waits or runs, the thread does idle work. First speculative work from its owner
+(`idle`: a prefetch). A speculative job has no requester; a request that needs decoding cancels it (it
+stops after the decoding step it is in), unless the request is for the identical text and cursor: then the
+request shares it. A change to the document does not stop it: accepting the shown suggestion is such a
+change, and the speculative job is computing what comes after it. Otherwise it warms the decoder's cache for
+the place the next request will most likely come from (`expect`), asking between small chunks whether a
+request came in, and giving way to it at once.
 """
 
 from __future__ import annotations
@@ -31,14 +35,16 @@ class Completion:
     tokens: int  # generated tokens (0 for type-through)
     steps: int
     latency_ms: float
-    source: str  # "model" | "type-through"
+    source: str  # "model" | "type-through" | "cache" | "prefetch"
 
 
 class Job:
     """One computation, shared by every request for the same text and cursor (each holds its own future)."""
 
-    def __init__(self, doc_id: str, before: str, after: str):
+    def __init__(self, doc_id: str, before: str, after: str, speculative: bool = False):
         self.doc_id, self.before, self.after = doc_id, before, after
+        self.speculative = speculative  # computed ahead, for no requester yet (a prefetch)
+        self.parked = False  # a speculative result put aside for a later request: no longer shared
         self.submitted = time.perf_counter()
         self.cancel_event = threading.Event()
         self._guard = threading.Lock()
@@ -63,6 +69,10 @@ class Job:
         if everyone:
             self.cancel_event.set()
 
+    def has_waiters(self) -> bool:
+        with self._guard:
+            return any(not f.cancelled() and id(f) not in self._abandoned for f in self._waiters)
+
     def cancelled(self) -> bool:
         if self.cancel_event.is_set():
             return True
@@ -77,7 +87,8 @@ class Job:
             resolve_future(future, value)
 
     def is_for(self, doc_id: str, before: str, after: str) -> bool:
-        return not self._done and self.doc_id == doc_id and self.before == before and self.after == after
+        return (not self._done and not self.parked and self.doc_id == doc_id and self.before == before
+                and self.after == after)
 
 
 class Ticket:
@@ -115,8 +126,10 @@ class RequestQueue:
     def __init__(self, lock: threading.RLock, run: Callable[[Job], Completion | None],
                  debounce_s: Callable[[], float], on_cancelled: Callable[[], None],
                  on_error: Callable[[Exception], None],
-                 warm: Callable[[Expected, Callable[[], bool]], None] | None = None):
+                 warm: Callable[[Expected, Callable[[], bool]], None] | None = None,
+                 idle: Callable[[], Job | None] | None = None):
         self._cond = threading.Condition(lock)
+        self._speculate = idle  # speculative work for an idle thread (called under the lock)
         self._run, self._debounce_s = run, debounce_s
         self._on_cancelled, self._on_error = on_cancelled, on_error
         self._warm = warm
@@ -140,7 +153,9 @@ class RequestQueue:
             now, value = answer(job)
             if now or self._closed:
                 job.resolve(value if now else None)
+                self._cond.notify_all()  # answering may have left speculative work for the idle thread
                 return ticket
+            self._cancel_speculative()  # a request that needs the decoder goes first
             self._queue.append(job)
             self._cond.notify_all()
         return ticket
@@ -158,13 +173,18 @@ class RequestQueue:
         return bool(self._queue) or self._closed
 
     def cancel(self, doc_id: str) -> None:
-        """Stop the document's jobs (they answer None)."""
+        """Stop the document's jobs (they answer None); speculative ones go on (see the module's note)."""
         with self._cond:
             self._cancel(doc_id)
 
     def _cancel(self, doc_id: str | None) -> None:
         for job in (*self._queue, self._running):
-            if job is not None and (doc_id is None or job.doc_id == doc_id):
+            if job is not None and (doc_id is None or (job.doc_id == doc_id and not job.speculative)):
+                job.cancel_event.set()
+
+    def _cancel_speculative(self) -> None:
+        for job in (*self._queue, self._running):
+            if job is not None and job.speculative:
                 job.cancel_event.set()
 
     def close(self) -> threading.Thread:
@@ -175,11 +195,27 @@ class RequestQueue:
             self._cond.notify_all()
         return self.thread
 
+    def _speculative(self) -> Job | None:
+        """The owner's speculative work, if any; a failure there must not end the thread that serves requests."""
+        if self._speculate is None:
+            return None
+        try:
+            return self._speculate()
+        except Exception:
+            log.exception("speculative work failed")
+            return None
+
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed and self._expected is None:
-                    self._cond.wait()
+                while not self._queue and not self._closed:
+                    speculative = self._speculative()
+                    if speculative is not None:
+                        self._queue.append(speculative)
+                    elif self._expected is not None:
+                        break  # warm the cache for the expected request
+                    else:
+                        self._cond.wait()
                 if self._closed:
                     for job in self._queue:
                         job.resolve(None)
@@ -195,9 +231,10 @@ class RequestQueue:
                 continue
             try:
                 result = None
-                if not job.cancelled() and not job.cancel_event.wait(self._debounce_s()):
+                debounce = 0.0 if job.speculative else self._debounce_s()
+                if not job.cancelled() and not job.cancel_event.wait(debounce):
                     result = self._run(job)
-                else:
+                elif not job.speculative:
                     self._on_cancelled()  # stopped before decoding began
                 job.resolve(result)
             except Exception as err:

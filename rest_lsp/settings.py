@@ -32,6 +32,10 @@ class Settings:
     suffix_fraction: float = 0.25  # share of context_tokens kept for the suffix (FIM models only)
     debounce_ms: int = 20  # wait this long before decoding; a newer request in the meantime wins
     document_cache_mb: int = 256  # KV caches kept for recently used documents besides the current one; 0 = none
+    debounce_max_ms: int = 250  # the debounce follows the typing speed up to this (<= debounce_ms: fixed)
+    time_budget_ms: int = 1000  # after this long a request ends at the next line end; 0 = no budget
+    suggestion_cache_size: int = 250  # suggestions kept by the text around their cursor; 0 = no cache
+    prefetch: bool = True  # while idle, compute the suggestion that follows accepting the shown one
     ignore: tuple[str, ...] = ()  # extra gitignore-style patterns the indexer skips
     index_workspace: bool = True
     max_file_bytes: int = 1_000_000
@@ -96,6 +100,9 @@ _RANGES = {
     "context_tokens": (16, 1 << 20),
     "debounce_ms": (0, 10_000),
     "document_cache_mb": (0, 1 << 20),
+    "debounce_max_ms": (0, 10_000),
+    "time_budget_ms": (0, 600_000),
+    "suggestion_cache_size": (0, 100_000),
     "max_file_bytes": (1, 1 << 34),
 }
 _DTYPES = ("float32", "float16", "bfloat16", "auto")
@@ -114,7 +121,7 @@ def _check(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise ValueError(f"expected a number from 0 up to (not including) 1, got {value!r}.")
         return float(value)
-    if name == "index_workspace":
+    if name in ("index_workspace", "prefetch"):
         if not isinstance(value, bool):
             raise ValueError(f"expected true or false, got {value!r}.")
         return value
@@ -157,6 +164,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--debounce-ms", type=int, help="wait before decoding (default: 20)")
     g.add_argument("--document-cache-mb", type=int, help="memory for the KV caches of recently used documents, so "
                    "switching back to one prefills only what changed; 0 keeps none (default: 256)")
+    g.add_argument("--debounce-max-ms", type=int, help="the wait follows the typing speed up to this (default: 250)")
+    g.add_argument("--time-budget-ms", type=int,
+                   help="after this long a completion ends at the next line end; 0 = none (default: 1000)")
+    g.add_argument("--suggestion-cache-size", type=int,
+                   help="suggestions kept for reuse by the text around the cursor; 0 = none (default: 250)")
+    g.add_argument("--no-prefetch", dest="prefetch", action="store_false", default=None,
+                   help="do not compute, while idle, the suggestion that follows accepting the shown one")
     w = parser.add_argument_group("workspace")
     w.add_argument("--ignore", action="append", help="extra gitignore pattern to skip (repeatable)")
     w.add_argument("--no-index", dest="index_workspace", action="store_false", default=None,

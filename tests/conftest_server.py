@@ -85,6 +85,35 @@ def tiny_models(request) -> dict[str, Path]:
     return tiny_model_dirs(Path(folder))
 
 
+def chain_model(folder: Path, tok, chain: list[int]) -> Path:
+    """Greedy writes chain[0], chain[1], ... after any text (embeddings pick a direction, the layers add nothing,
+    the head maps direction i to chain[i+1])."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=8192, tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    with torch.no_grad():
+        emb, head = model.model.embed_tokens.weight, model.lm_head.weight
+        emb.zero_()
+        emb[:, 63] = 1.0
+        head.zero_()
+        for i, t in enumerate(chain):
+            emb[t].zero_()
+            emb[t, i] = 1.0
+            head[chain[(i + 1) % len(chain)], i] = 1.0
+        head[chain[0], 63] = 1.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 def server_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "rest_lsp.server", "--stdio", *args]
 

@@ -72,7 +72,7 @@ def test_open_buffer_replaces_and_close_restores(service, tmp_path):
 
 def test_latest_request_wins(tiny_models, monkeypatch):
     settings = Settings(model=str(tiny_models["constant"]), max_new_tokens=2000, draft_budget=0,
-                        debounce_ms=0, index_workspace=False)
+                        debounce_ms=0, index_workspace=False, prefetch=False)  # the gate records requests only
     gate = StepGate.in_process(monkeypatch)
     svc = CompletionService(settings)
     try:

@@ -88,7 +88,9 @@ def _hold(decoder) -> HeldFirstPass:
 
 
 def test_a_request_arriving_during_a_warm_up_waits_at_most_the_chunk_in_flight(tiny_models):
-    svc = started(Settings(model=str(tiny_models["random"]), max_new_tokens=6, debounce_ms=0, index_workspace=False))
+    # no prefetch: it would run after the request, and this test counts the jobs the decoder runs
+    svc = started(Settings(model=str(tiny_models["random"]), max_new_tokens=6, debounce_ms=0, index_workspace=False,
+                           prefetch=False))
     held = _hold(svc._decoder)
     try:
         text = source(0, 40)
@@ -213,7 +215,9 @@ def test_typing_in_a_fim_prompt_prefills_only_the_changed_tokens(fim_model, monk
         return result
 
     monkeypatch.setattr(Decoder, "generate", recorded)
-    svc = started(Settings(model=str(fim_model), max_new_tokens=5, debounce_ms=0, index_workspace=False))
+    # no prefetch: its decodes would sit between the keystrokes' and move the cache this test follows
+    svc = started(Settings(model=str(fim_model), max_new_tokens=5, debounce_ms=0, index_workspace=False,
+                           prefetch=False))
     try:
         assert svc.stats()["fim"] == "qwen"
         hf = AutoTokenizer.from_pretrained(str(fim_model), local_files_only=True)

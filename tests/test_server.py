@@ -205,8 +205,9 @@ async def _message(client, needle: str):
 async def constant_session(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("workspace-constant")
     gate = FileGate(tmp_path_factory.mktemp("gate"))  # holds the server's first decoding step (step_gate.py)
+    # no prefetch: the gate's record of decodes must hold the requests' decodes only
     options = {"model": str(tiny_models["constant"]), "maxNewTokens": 2000, "draftBudget": 0, "debounceMs": 0,
-               "indexWorkspace": False}
+               "indexWorkspace": False, "prefetch": False}
     client, _ = await start(gate.command("--stdio"), root, "visual-studio-code", options, env=gate.env)
     assert await wait_until(lambda: _ready(client))
     yield client, root, gate

@@ -205,7 +205,8 @@ end), "the accept key types itself (white space) when nothing is shown")
 H.type(child, "<Esc>")
 
 -- 6. :RestLspStats prints the server's stats.
-H.lua(child, "vim.cmd('messages clear'); vim.cmd('RestLspStats')")
+-- no "-- More --" pager: the stats may outgrow the child's 24 screen lines, and the pager would hold the child
+H.lua(child, "vim.o.more = false; vim.cmd('messages clear'); vim.cmd('RestLspStats')")
 local messages = H.wait(WAIT_MS, function()
   local out = H.lua(child, "return vim.api.nvim_exec2('messages', { output = true }).output")
   return out:find("completions served", 1, true) and out or nil

@@ -1,0 +1,73 @@
+"""How long a request may take and how long to wait before starting it.
+
+  - `LineBudget`: once a request has run for the time budget, its completion ends at the next line end (Continue
+    stops after the first line once its budget has passed; llama.vim's server stops at the first line end after
+    `t_max_predict_ms`). A person reads whole lines; a half line is worth less than the time it costs.
+  - `TypingPace`: the debounce follows the typing speed (Tabby adapts its debounce the same way). A fast typist's
+    next keystroke comes soon, so the decode it would cancel is not worth starting; a slow typist's pause is short.
+    The wait is the median gap between the user's recent changes, clamped between the configured debounce and a
+    ceiling. Gaps longer than the ceiling are pauses, not typing, and are left out.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from typing import Callable
+
+PACE_WINDOW = 10  # recent gaps between changes that set the pace
+PAUSE_S = 10.0  # a gap this long is never typing, whatever the ceiling
+
+
+class LineBudget:
+    """Stop rule of one request: after `budget_s` since `start`, end at the next line end of the shown text."""
+
+    def __init__(self, start: float, budget_s: float, clock: Callable[[], float] = time.perf_counter):
+        self._start, self._budget_s, self._clock = start, budget_s, clock
+        self._from: int | None = None  # length of the shown text when the budget ran out
+        self.cut_at: int | None = None  # where the completion ends, once a line end came after that
+
+    def stop(self, shown: str) -> bool:
+        """Whether decoding can stop, given the text shown so far (stop rules applied, trailing space stripped:
+        a line end shows once the next line has text)."""
+        if self.cut_at is not None:
+            return True
+        if self._budget_s <= 0:
+            return False
+        if self._from is None:
+            if self._clock() - self._start < self._budget_s:
+                return False
+            self._from = len(shown)
+        nl = shown.find("\n", self._from)
+        if nl < 0:
+            return False
+        self.cut_at = nl
+        return True
+
+    def cut(self, text: str) -> str:
+        """The final text up to the line end where the budget stopped decoding."""
+        return text if self.cut_at is None else text[: self.cut_at].rstrip()
+
+
+class TypingPace:
+    """The recent gaps between changes, and the debounce they call for (the caller serializes access)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._gaps: deque[float] = deque(maxlen=PACE_WINDOW)
+        self._last: float | None = None
+
+    def changed(self) -> None:
+        now = self._clock()
+        if self._last is not None and 0 <= now - self._last < PAUSE_S:
+            self._gaps.append(now - self._last)
+        self._last = now
+
+    def debounce_s(self, floor_s: float, ceiling_s: float) -> float:
+        """The median typing gap, between `floor_s` and `ceiling_s`; `floor_s` when there is no typing to go by or
+        the ceiling is not above the floor."""
+        typing = [g for g in self._gaps if g <= ceiling_s]
+        if ceiling_s <= floor_s or not typing:
+            return floor_s
+        return min(ceiling_s, max(floor_s, statistics.median(typing)))

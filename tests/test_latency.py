@@ -1,0 +1,384 @@
+"""Latency mechanisms of the service (issue 9, items 4-6): the prefetch, the suggestion cache, the one-line rule, the
+time budget and the adaptive debounce. Real tiny models (conftest_server); the decoder is only counted, never faked."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest_server import (  # noqa: F401  (tiny_models is a fixture)
+    chain_model, command, greedy, inline, open_doc, server_command, start, tiny_models, wait_until)
+from lsprotocol import types
+
+from rest_lsp.completion import CompletionService
+from rest_lsp.decoding import Decoder
+from rest_lsp.pacing import LineBudget, TypingPace
+from rest_lsp.settings import Settings
+from rest_lsp.suggestion_cache import SuggestionCache
+
+BEFORE = "def add(a, b):\n    return a + b\n\nresult = add("
+AFTER = ")\nprint(result)\n"
+# more than the cache key's prefix (256 characters) of text above the cursor, so that an edit there is far away
+PREAMBLE = "".join(f"def helper_{i}(value):\n    return value * {i}\n\n" for i in range(12))
+MAX_NEW = 12
+
+
+def wait_for(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.02)
+
+
+class Calls(list):
+    """The real decoder's generate calls: one entry each, its DecodeResult once it returned. `hold_call(n)` holds
+    the first decoding step of the n-th call (`held` is set) until `release` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.hold_at: int | None = None
+        self.held, self.release = threading.Event(), threading.Event()
+
+
+@pytest.fixture
+def generate_calls(monkeypatch) -> Calls:
+    calls = Calls()
+    generate, verify = Decoder.generate, Decoder.verify
+    holding = threading.local()
+
+    def counted(decoder, *args, **kwargs):
+        calls.append(None)
+        holding.now = len(calls) == calls.hold_at
+        index = len(calls) - 1
+        result = generate(decoder, *args, **kwargs)
+        calls[index] = result
+        return result
+
+    def held(decoder, tree):
+        if getattr(holding, "now", False):
+            holding.now = False
+            calls.held.set()
+            assert calls.release.wait(300), "the held step was never released"
+        return verify(decoder, tree)
+
+    monkeypatch.setattr(Decoder, "generate", counted)
+    monkeypatch.setattr(Decoder, "verify", held)
+    yield calls
+    calls.release.set()
+
+
+def _service(model: Path, **settings) -> CompletionService:
+    values = dict(model=str(model), max_new_tokens=MAX_NEW, debounce_ms=0, index_workspace=False)
+    svc = CompletionService(Settings(**{**values, **settings}))
+    svc.start([])
+    assert svc.wait_ready(120), svc.load_error
+    return svc
+
+
+def _submit(svc: CompletionService, doc: str, before: str, after: str):
+    return svc.submit(doc, before + after, len(before)).future.result(60)
+
+
+@pytest.fixture(scope="module")
+def chain_dir(tiny_models, tmp_path_factory) -> Path:
+    """A model that writes "a = 1\\n" over and over after any text."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_models["random"]), local_files_only=True)
+    chain = tok("a = 1\n", add_special_tokens=False)["input_ids"]
+    assert len(set(chain)) == len(chain) and tok.decode(chain) == "a = 1\n"
+    return chain_model(tmp_path_factory.mktemp("chain"), tok, chain)
+
+
+# -- 4. prefetch ----------------------------------------------------------------------------------------------
+
+
+def test_a_prefetch_hit_is_served_without_decoding(tiny_models, generate_calls):
+    svc = _service(tiny_models["random"])
+    try:
+        before, after = PREAMBLE + BEFORE, AFTER
+        shown = _submit(svc, "mem://p.py", before, after)
+        assert shown is not None and shown.source == "model"
+        # while the suggestion is shown and nothing else is asked, the worker computes what follows accepting it
+        wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch")
+        calls = len(generate_calls)
+        accepted = before + shown.text
+        future = svc.submit("mem://p.py", accepted + after, len(accepted)).future
+        assert future.done()  # answered inside submit: never queued for the decoder
+        hit = future.result()
+        assert hit is not None and hit.source == "prefetch" and (hit.tokens, hit.steps) == (0, 0)
+        assert hit.text == greedy(tiny_models["random"], accepted, after, MAX_NEW)  # what decoding would give
+        # the only decoding since is the next prefetch (what follows accepting this one)
+        wait_for(lambda: svc.stats()["prefetched"] == 2, 60, "the next prefetch")
+        stats = svc.stats()
+        assert len(generate_calls) == calls + 1 and stats["prefetch_hits"] == 1 and stats["completions_decoded"] == 1
+    finally:
+        svc.close()
+
+
+def test_a_prefetch_is_not_served_after_an_unrelated_edit(tiny_models):
+    svc = _service(tiny_models["random"])
+    try:
+        before, after = PREAMBLE + BEFORE, AFTER
+        shown = _submit(svc, "mem://q.py", before, after)
+        assert shown is not None
+        wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch")
+        # far above the cursor, one character replaced: same lengths, same text near the cursor, another version
+        edited = before.replace("def helper_0", "def helper_9", 1)
+        assert edited != before and len(edited) == len(before)
+        answer = _submit(svc, "mem://q.py", edited + shown.text, after)
+        assert answer is not None and answer.source == "model" and answer.steps > 0, answer  # decoded again
+        stats = svc.stats()
+        assert stats["prefetch_hits"] == 0 and stats["completions_decoded"] == 2
+        assert answer.text == greedy(tiny_models["random"], edited + shown.text, after, MAX_NEW)
+    finally:
+        svc.close()
+
+
+def test_a_request_stops_a_running_prefetch_after_the_step_it_is_in(tiny_models, generate_calls):
+    # the constant model writes "x" until max_new_tokens
+    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
+    try:
+        assert _submit(svc, "mem://r.py", "x = ", "\n").text == "xxxx"  # generate call 1
+        # calls 2 and 3: after accepting it, at its end and on the next line
+        wait_for(lambda: svc.stats()["prefetched"] == 2, 60, "the prefetches after x = xxxx")
+        svc.update_settings(Settings(**{**svc.settings.__dict__, "max_new_tokens": 2000}))
+        generate_calls.hold_at = 4  # the prefetch after the next hit: 2,000 tokens unless a request stops it
+        hit = _submit(svc, "mem://r.py", "x = xxxx", "\n")
+        assert hit is not None and hit.source == "prefetch"
+        assert generate_calls.held.wait(60), "the next prefetch never started"
+        svc.update_settings(Settings(**{**svc.settings.__dict__, "max_new_tokens": 4}))
+        # the request arrives while the prefetch is inside its first step
+        ticket = svc.submit("mem://r.py", "z = \n", 4)
+        generate_calls.release.set()
+        other = ticket.future.result(60)
+        assert other is not None and other.text == "xxxx" and other.source == "model"
+        prefetch = generate_calls[3]
+        assert (prefetch.finish, prefetch.steps) == ("stopped", 1)  # stopped after the step it was in
+        stats = svc.stats()
+        assert stats["prefetch_cancelled"] == 1 and stats["cancelled"] == 0
+    finally:
+        generate_calls.release.set()
+        svc.close()
+
+
+def test_accepting_the_shown_suggestion_does_not_stop_its_prefetch(tiny_models, generate_calls):
+    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
+    try:
+        generate_calls.hold_at = 2  # the prefetch after the first answer
+        assert _submit(svc, "mem://s.py", "x = ", "\n").text == "xxxx"
+        assert generate_calls.held.wait(60), "the prefetch never started"
+        svc.cancel("mem://s.py")  # the document changed (the editor inserted the suggestion) while it ran
+        generate_calls.release.set()
+        wait_for(lambda: svc.stats()["prefetched"] >= 1, 60, f"the prefetch to finish")
+        hit = _submit(svc, "mem://s.py", "x = xxxx", "\n")
+        assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
+    finally:
+        generate_calls.release.set()
+        svc.close()
+
+
+def test_a_request_answered_without_decoding_lets_a_running_prefetch_go_on(tiny_models, generate_calls):
+    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
+    try:
+        generate_calls.hold_at = 3  # call 2: after the accepted text; call 3: on the next line
+        assert _submit(svc, "mem://g.py", "x = ", "\n").text == "xxxx"
+        assert generate_calls.held.wait(60), "the second prefetch never started"
+        hit = _submit(svc, "mem://g.py", "x = xxxx", "\n")  # the editor asks after accepting: no decoding needed
+        assert hit is not None and hit.source == "prefetch"
+        generate_calls.release.set()
+        wait_for(lambda: generate_calls[2] is not None, 60, "the second prefetch to end")
+        assert generate_calls[2].finish == "length" and svc.stats()["prefetch_cancelled"] == 0
+    finally:
+        generate_calls.release.set()
+        svc.close()
+
+
+# -- 5. the suggestion cache ----------------------------------------------------------------------------------
+
+
+def test_the_cache_matches_typed_over_text_and_a_return_to_an_earlier_spot(tiny_models, generate_calls):
+    svc = _service(tiny_models["random"], prefetch=False)
+    try:
+        before, after = PREAMBLE + BEFORE, AFTER
+        shown = _submit(svc, "mem://c.py", before, after)
+        assert shown is not None and len(shown.text) > 3
+        calls = len(generate_calls)
+        # typed the start of it after an edit far above: not the shown document any more (no type-through), but the
+        # text around the cursor is the same
+        edited = before.replace("def helper_0", "def helper_x", 1)
+        typed = _submit(svc, "mem://c.py", edited + shown.text[:3], after)
+        assert typed is not None and typed.source == "cache" and typed.text == shown.text[3:]
+        assert len(generate_calls) == calls
+        # typed something else, then deleted back to where the suggestion was shown
+        other = _submit(svc, "mem://c.py", edited + "zq", after)
+        assert other is None or other.source == "model"
+        assert len(generate_calls) == calls + 1
+        back = _submit(svc, "mem://c.py", edited, after)
+        assert back is not None and back.source == "cache" and back.text == shown.text
+        assert len(generate_calls) == calls + 1 and svc.stats()["cache_hits"] == 2
+    finally:
+        svc.close()
+
+
+def test_the_cache_is_bounded_and_keeps_the_recently_used():
+    cache = SuggestionCache(2)
+    cache.put("a = ", "\n", "one")
+    cache.put("b = ", "\n", "two")
+    assert cache.match("a = ", "\n") == "one"  # now the most recent
+    cache.put("c = ", "\n", "three")
+    assert len(cache) == 2 and cache.match("b = ", "\n") is None
+    assert cache.match("a = o", "\n") == "ne" and cache.match("c = ", "\n") == "three"
+    assert cache.match("a = ", "\nother\n") is None  # another suffix: another place
+    assert cache.match("a = one", "\n") is None  # typed all of it: nothing left to show
+
+
+# -- 6. the time budget -----------------------------------------------------------------------------------------
+
+
+def test_one_line_when_text_follows_the_cursor_on_its_line(chain_dir):
+    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, prefetch=False)
+    try:
+        multi = _submit(svc, "mem://o.py", "x = 0\n", "")
+        assert multi is not None and multi.text.count("a = 1") >= 3
+        one = _submit(svc, "mem://o.py", "x = 0\n", "  # the rest of the line\n")
+        assert one is not None and one.text == "a = 1"
+        assert one.tokens < 24  # decoding stopped at the line end, not at the token limit
+    finally:
+        svc.close()
+
+
+def test_after_the_time_budget_a_completion_ends_at_the_next_line_end(chain_dir):
+    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, prefetch=False)
+    try:
+        unbounded = _submit(svc, "mem://t.py", "x = 0\n", "")
+        assert unbounded is not None and unbounded.text.count("\n") >= 3
+        svc.update_settings(Settings(**{**svc.settings.__dict__, "time_budget_ms": 500}))
+        svc._clock = lambda: float("inf")  # every check comes after the budget: no waiting on the wall clock
+        bounded = _submit(svc, "mem://t.py", "y = 0\n", "")
+        assert bounded is not None and bounded.text == "a = 1"
+        assert bounded.tokens < 24
+    finally:
+        svc.close()
+
+
+def test_the_line_budget_ends_the_line_it_ran_out_in():
+    now = [0.0]
+    budget = LineBudget(0.0, 1.0, lambda: now[0])
+    assert not budget.stop("a = 1\nb")  # within the budget: the stop rules alone decide
+    now[0] = 2.0
+    assert not budget.stop("a = 1\nb = ")  # ran out in the middle of the second line
+    assert budget.stop("a = 1\nb = 2\nc")
+    assert budget.cut("a = 1\nb = 2\nc = 3") == "a = 1\nb = 2"
+    assert LineBudget(0.0, 0.0, lambda: 99.0).stop("a\nb\nc") is False  # 0: no budget
+
+
+def test_the_debounce_follows_the_typing_speed(tiny_models):
+    svc = _service(tiny_models["random"], debounce_ms=20, debounce_max_ms=250)
+    try:
+        assert svc.stats()["debounce_ms"] == pytest.approx(20)  # no typing seen yet: the configured debounce
+        times = iter([100.0 + 0.12 * i for i in range(6)] + [200.0, 200.05])
+        svc._pace = TypingPace(clock=lambda: next(times))  # the changes' times, not the wall clock's
+        for _ in range(6):
+            svc.cancel("mem://d.py")  # what the server calls on each change of a document
+        assert svc.stats()["debounce_ms"] == pytest.approx(120)
+        assert svc._requests._debounce_s() == pytest.approx(0.12)  # what the decoding thread waits
+        svc.cancel("mem://d.py")  # a pause of 99 s is not typing
+        svc.cancel("mem://d.py")  # then one quick keystroke
+        assert svc.stats()["debounce_ms"] == pytest.approx(120)
+    finally:
+        svc.close()
+
+
+def test_the_debounce_is_clamped():
+    pace = TypingPace(clock=iter((0.0, 0.001, 0.002, 0.003)).__next__)
+    for _ in range(4):
+        pace.changed()
+    assert pace.debounce_s(0.02, 0.25) == 0.02  # faster than the floor
+    slow = TypingPace(clock=iter((0.0, 0.3, 0.6, 0.9)).__next__)
+    for _ in range(4):
+        slow.changed()
+    assert slow.debounce_s(0.02, 0.25) == 0.02  # every gap is a pause for this ceiling
+    assert slow.debounce_s(0.02, 0.5) == pytest.approx(0.3)
+    assert slow.debounce_s(0.02, 0.01) == 0.02  # ceiling below the floor: fixed
+
+
+# -- end to end: a prefetch through the real server ------------------------------------------------------------
+
+
+async def test_accepting_a_suggestion_is_answered_by_the_prefetch_over_lsp(tiny_models, tmp_path):
+    options = {"model": str(tiny_models["random"]), "maxNewTokens": MAX_NEW, "debounceMs": 0,
+               "indexWorkspace": False}
+    client, _ = await start(server_command(), tmp_path, "visual-studio-code", options)
+    try:
+        async def stats():
+            return await command(client, "rest-lsp.stats")
+
+        assert await wait_until(lambda: _ready(stats), timeout=120), "the model did not load"
+        uri = (tmp_path / "a.py").as_uri()
+        open_doc(client, uri, BEFORE + AFTER)
+        line, col = 3, len("result = add(")
+        first = await inline(client, uri, line, col)
+        assert len(first.items) == 1
+        text = first.items[0].insert_text
+        assert "\n" not in text  # one line: the position after it is on the same line
+
+        async def prefetched():
+            return (await stats())["prefetched"] >= 1
+
+        assert await wait_until(prefetched, timeout=60), "the prefetch never ran"
+        decoded = (await stats())["completions_decoded"]
+        # the editor inserts the suggestion, tells the server it was accepted, and asks again after it
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[types.TextDocumentContentChangePartial(
+                range=types.Range(start=types.Position(line, col), end=types.Position(line, col)), text=text)]))
+        await command(client, "rest-lsp.accept", first.items[0].command.arguments[0])
+        second = await inline(client, uri, line, col + len(text.encode("utf-16-le")) // 2)
+        s = await stats()
+        assert s["prefetch_hits"] == 1 and s["completions_decoded"] == decoded, s
+        expected = greedy(tiny_models["random"], BEFORE + text, AFTER, MAX_NEW)
+        assert [i.insert_text for i in second.items] == ([expected] if expected else [])
+    finally:
+        await client.shutdown_session()
+
+
+async def _ready(stats) -> bool:
+    return (await stats())["ready"]
+
+
+def test_the_latency_settings_from_the_editor_and_the_command_line():
+    import argparse
+
+    from rest_lsp import settings as settings_module
+
+    s, errors = Settings().update({"timeBudgetMs": 300, "debounceMaxMs": 400, "suggestionCacheSize": 10,
+                                   "prefetch": False})
+    assert not errors
+    assert (s.time_budget_ms, s.debounce_max_ms, s.suggestion_cache_size, s.prefetch) == (300, 400, 10, False)
+    kept, errors = s.update({"timeBudgetMs": -1, "prefetch": "no", "suggestionCacheSize": 1.5})
+    assert kept == s and len(errors) == 3
+    parser = argparse.ArgumentParser()
+    settings_module.add_arguments(parser)
+    args = parser.parse_args(["--time-budget-ms", "0", "--debounce-max-ms", "100", "--suggestion-cache-size", "0",
+                              "--no-prefetch"])
+    cli = Settings.from_args(args)
+    assert (cli.time_budget_ms, cli.debounce_max_ms, cli.suggestion_cache_size, cli.prefetch) == (0, 100, 0, False)
+    assert Settings.from_args(parser.parse_args([])).prefetch is True
+
+
+def test_the_prefetch_places_are_after_the_accepted_text_and_on_the_next_line():
+    from rest_lsp.suggestion_cache import Prefetch
+
+    prefetch = Prefetch()
+    prefetch.want("d", "def f(x):\n    ", "\n", "if x:")
+    assert prefetch.take_wanted() == ("d", "def f(x):\n    if x:", "\n")
+    assert prefetch.take_wanted() == ("d", "def f(x):\n    if x:\n        ", "\n")  # Enter after an opener
+    assert prefetch.take_wanted() is None
+    prefetch.want("d", "y = f(", ")\n", "1, 2")  # mid-line: only the end of the accepted text
+    assert prefetch.take_wanted() == ("d", "y = f(1, 2", ")\n") and prefetch.take_wanted() is None
