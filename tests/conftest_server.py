@@ -170,6 +170,17 @@ async def command(client, name: str, *args):
     return await client.workspace_execute_command_async(types.ExecuteCommandParams(command=name, arguments=list(args)))
 
 
+def wait_for(check, timeout: float = 60.0, what: str = "the condition"):
+    """Poll `check` until it is true and return its value; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.02)
+
+
 async def wait_until(check, timeout=60.0):
     deadline = time.monotonic() + timeout
     while True:

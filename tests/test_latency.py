@@ -4,12 +4,11 @@ time budget and the adaptive debounce. Real tiny models (conftest_server); the d
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from conftest_server import (  # noqa: F401  (tiny_models is a fixture)
-    chain_model, command, greedy, inline, open_doc, server_command, start, tiny_models, wait_until)
+    chain_model, command, greedy, inline, open_doc, server_command, start, tiny_models, wait_for, wait_until)
 from lsprotocol import types
 
 from rest_lsp.completion import CompletionService
@@ -23,16 +22,6 @@ AFTER = ")\nprint(result)\n"
 # more than the cache key's prefix (256 characters) of text above the cursor, so that an edit there is far away
 PREAMBLE = "".join(f"def helper_{i}(value):\n    return value * {i}\n\n" for i in range(12))
 MAX_NEW = 12
-
-
-def wait_for(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.02)
 
 
 class Calls(list):
@@ -175,7 +164,7 @@ def test_accepting_the_shown_suggestion_does_not_stop_its_prefetch(tiny_models, 
         assert generate_calls.held.wait(60), "the prefetch never started"
         svc.cancel("mem://s.py")  # the document changed (the editor inserted the suggestion) while it ran
         generate_calls.release.set()
-        wait_for(lambda: svc.stats()["prefetched"] >= 1, 60, f"the prefetch to finish")
+        wait_for(lambda: svc.stats()["prefetched"] >= 1, 60, "the prefetch to finish")
         hit = _submit(svc, "mem://s.py", "x = xxxx", "\n")
         assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
     finally:

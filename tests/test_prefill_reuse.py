@@ -5,12 +5,11 @@ conditions with generous timeouts."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
 from conftest import tiny_model
-from conftest_server import greedy, tiny_models  # noqa: F401  (fixture)
+from conftest_server import greedy, tiny_models, wait_for  # noqa: F401  (fixture)
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from rest_lsp.completion import PREWARM_CHUNK, CompletionService
@@ -25,13 +24,6 @@ QWEN_FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>"]
 def source(first: int, n: int) -> str:
     return "".join(f"def scale_{i}(value, factor={i}):\n    return value * factor + {i}\n\n"
                    for i in range(first, first + n))
-
-
-def wait_for(check, timeout: float = 60.0, what: str = "the condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def started(settings: Settings) -> CompletionService:

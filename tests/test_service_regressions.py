@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest_server import chain_model as _chain_model, greedy, server_command, start, tiny_models  # noqa: F401
+from conftest_server import (  # noqa: F401  (tiny_models is a fixture)
+    chain_model as _chain_model, greedy, server_command, start, tiny_models, wait_for)
 from lsprotocol import types
 
 import rest_lsp.completion as completion_module
@@ -25,17 +26,6 @@ from rest_lsp.settings import Settings
 
 BEFORE = "def add(a, b):\n    return a + b\n\nresult = add("
 AFTER = ")\nprint(result)\n"
-
-
-def wait_for(check, timeout: float, what: str):
-    """Poll `check` until it is true; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.02)
 
 
 class Events(NoEvents):
