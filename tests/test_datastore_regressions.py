@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_datastore_workspace import (WAIT_S, Changes, byte_tokenize, follows, make_index, start_watching_caught_up,
-                                     toks, write_whole)
+from test_datastore_workspace import (WAIT_S, Changes, built_with_changes, byte_tokenize, follows, make_index,
+                                     start_watching_caught_up, toks, write_whole)
 
 from rest_lsp.datastore import Datastore, Source, WorkspaceIndex
 from rest_lsp.datastore import indexer as indexer_module
@@ -166,10 +166,7 @@ def test_lost_events_are_recovered_at_log_level_error(ws, how, monkeypatch):
 
     root, cache = ws
     (root / "a.py").write_text("old_text = 1\n")
-    changes = Changes()
-    index, ds = make_index(root, cache, on_change=changes)
-    index.build()
-    changes.seen.clear()
+    index, ds, changes = built_with_changes(root, cache)
     monkeypatch.setattr(logging.root, "level", logging.ERROR)        # rest-lsp --log-level ERROR
     start_watching_caught_up(index, monkeypatch)
     try:

@@ -59,6 +59,15 @@ def make_index(root: Path, cache: Path, **kw) -> tuple[WorkspaceIndex, Datastore
     return WorkspaceIndex(root, ds, byte_tokenize, "bytes-v1", cache_dir=cache, **kw), ds
 
 
+def built_with_changes(root: Path, cache: Path) -> tuple[WorkspaceIndex, Datastore, Changes]:
+    """An index built over `root` whose later changes are reported to the returned Changes (none seen yet)."""
+    changes = Changes()
+    index, ds = make_index(root, cache, on_change=changes)
+    index.build()
+    changes.seen.clear()
+    return index, ds, changes
+
+
 def write_whole(path: Path, text: str) -> None:
     """Write so that the watcher never reads a half-written file: a temp file moved into place."""
     tmp = path.parent.parent / f".{path.name}.tmp"
@@ -138,10 +147,7 @@ def test_indexes_text_and_skips_what_must_be_skipped(ws, tmp_path):
 def test_watcher_follows_add_change_rename_delete(ws, monkeypatch):
     root, cache = ws
     (root / "a.py").write_text("first_version = 1\n")
-    changes = Changes()
-    index, ds = make_index(root, cache, on_change=changes)
-    index.build()
-    changes.seen.clear()
+    index, ds, changes = built_with_changes(root, cache)
     start_watching_caught_up(index, monkeypatch)
     try:
         new = root / "pkg" / "b.py"
@@ -248,10 +254,7 @@ def test_symlinks_are_never_followed_by_the_watcher(ws, tmp_path, monkeypatch):
     (root / "pkg" / "real.py").write_text("inside_target = 1\n")
     (root / "a.py").write_text("replaced_by_inner_link = 1\n")
     (root / "b.py").write_text("replaced_by_outer_link = 1\n")
-    changes = Changes()
-    index, ds = make_index(root, cache, on_change=changes)
-    index.build()
-    changes.seen.clear()
+    index, ds, changes = built_with_changes(root, cache)
     start_watching_caught_up(index, monkeypatch)
     try:
         (root / "link_in.py").symlink_to(root / "pkg" / "real.py")
