@@ -135,6 +135,10 @@ def _outside_window(mask: torch.Tensor, positions: torch.Tensor, past: int, wind
     return mask.masked_fill(far[None, None], torch.finfo(mask.dtype).min)
 
 
+def _cached_length(cache: DynamicCache | KVCache) -> int:
+    return cache.length if isinstance(cache, KVCache) else cache.get_seq_length()
+
+
 def likely_nodes(tree: DraftTree) -> list[int]:
     """The nodes worth one batched head call: the HEAD_BATCH likeliest (root first) when the walk is expected to
     visit at least HEAD_BATCH_FROM nodes, else none."""
@@ -344,7 +348,7 @@ class Decoder:
         return DynamicCache() if self.window is not None else DynamicCache(config=self.model.config)
 
     def _cache_length(self) -> int:
-        return self._cache.length if isinstance(self._cache, KVCache) else self._cache.get_seq_length()
+        return _cached_length(self._cache)
 
     def _crop(self, length: int) -> int:
         """Keep the first `length` cached tokens in every layer; returns how many are kept (0 when a layer has
@@ -469,7 +473,7 @@ class Decoder:
         return self._pass(self._cache, tree)
 
     def _pass(self, cache: DynamicCache | KVCache, tree: DraftTree) -> Callable[[int], torch.Tensor]:
-        past = cache.length if isinstance(cache, KVCache) else cache.get_seq_length()
+        past = _cached_length(cache)
         if self.lean is not None:
             ids = torch.tensor(tree.tokens, device=self.device)  # [n+1]
             pos = torch.tensor(tree.depths, device=self.device) + past  # [n+1]
