@@ -332,8 +332,12 @@ def test_ghost_text_tab_status_stats_settings_and_toggle(tools, browser, tmp_pat
         def answered():
             found = tap.exchanges("textDocument/inlineCompletion")
             if not found and time.monotonic() - asked[0] > RETRIGGER_S:
-                # VS Code asks on typing; if it has not (typed while the model was still loading), the user asks
-                # the way VS Code offers: Trigger Inline Suggestion (Alt+\)
+                # VS Code asks on typing, but now and then it does not (seen in CI and in one of four local runs, with no
+                # request at all, even after Alt+\). The user then does what one does: types a key and deletes
+                # it, and asks with Trigger Inline Suggestion (Alt+\).
+                page.keyboard.press("End")
+                page.keyboard.type(" ", delay=30)
+                page.keyboard.press("Backspace")
                 page.keyboard.press("Alt+Backslash")
                 asked[0] = time.monotonic()
             if not found or found[-1][1] is None:
@@ -342,7 +346,11 @@ def test_ghost_text_tab_status_stats_settings_and_toggle(tools, browser, tmp_pat
             items = (resp.get("result") or {}).get("items") or []
             return (req, items[0]) if items and ghost_text(page) else None
 
-        request, item_sent = wait_until(answered, COMPLETION_S, "ghost text after typing")
+        try:
+            request, item_sent = wait_until(answered, COMPLETION_S, "ghost text after typing")
+        except BaseException:
+            page.screenshot(path=str(shots / "failed-ghost-text.png"))
+            raise
         expected = item_sent["insertText"]
         assert request["params"]["position"] == {"line": line, "character": len(TYPED)}, request["params"]
         assert expected.strip(), f"the server answered an empty completion: {item_sent!r}"
