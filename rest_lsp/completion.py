@@ -122,9 +122,10 @@ class CompletionService:
         self._prefetched = 0
         self._prefetch_hits = 0
         self._prefetch_cancelled = 0
+        self._guessed = 0  # suggestions computed at the last change before any request
         self._requests = RequestQueue(self._lock, self._complete, self._debounce_s,
                                       self._count_cancelled, self._completion_failed, warm=self._warm,
-                                      idle=self._idle_job)
+                                      idle=self._idle_job, guess=self._guess_job)
         self._feed = DatastoreFeed(self)
 
     # the feed holds the datastore and the indexes; these names stay for introspection and tests
@@ -372,6 +373,17 @@ class CompletionService:
         wanted = self._prefetch.take_wanted()
         return Job(*wanted, speculative=True) if wanted is not None else None
 
+    def _guess_job(self, expected: Expected) -> Job | None:
+        """The suggestion for the place of the last change, computed before it is asked for (under the lock),
+        unless one is ready for that place already."""
+        if not self._ready.is_set() or self._closed or not self.settings.prefetch:
+            return None
+        if self._prefetch.has(expected.doc_id, expected.before, expected.after):
+            return None
+        if self._cache.match(expected.before, expected.after) is not None:
+            return None
+        return Job(expected.doc_id, expected.before, expected.after, guess=True)
+
     def _count_cancelled(self) -> None:
         with self._lock:
             self._cancelled += 1
@@ -472,7 +484,9 @@ class CompletionService:
                 self._gen_steps += result.steps
                 self._decode_ms += result.decode_ms
                 self._draft_ms += result.draft_ms
-            if job.speculative:
+            if job.guess:
+                self._guessed += 1
+            elif job.speculative:
                 self._prefetched += 1
             else:
                 self._decoded += 1
@@ -543,6 +557,7 @@ class CompletionService:
                 "prefetched": self._prefetched,  # prefetches computed in full
                 "prefetch_hits": self._prefetch_hits,
                 "prefetch_cancelled": self._prefetch_cancelled,
+                "guessed": self._guessed,  # suggestions computed in full at the last change, before a request
                 "debounce_ms": self._debounce_s() * 1e3,  # what the next request waits, at the current pace
                 "cancelled": self._cancelled,
                 "mean_tokens_per_step": self._gen_tokens / self._gen_steps if self._gen_steps else None,

@@ -12,7 +12,9 @@ stops after the decoding step it is in), unless the request is for the identical
 request shares it. A change to the document does not stop it: accepting the shown suggestion is such a
 change, and the speculative job is computing what comes after it. Otherwise it warms the decoder's cache for
 the place the next request will most likely come from (`expect`), asking between small chunks whether a
-request came in, and giving way to it at once.
+request came in, and giving way to it at once; once warm, it computes the suggestion for that place too (`guess`:
+a person who stops typing asks there next). A guess waits the debounce first, and any change to its document or
+any request elsewhere stops it; a request for the identical text and cursor shares it.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ class Completion:
 class Job:
     """One computation, shared by every request for the same text and cursor (each holds its own future)."""
 
-    def __init__(self, doc_id: str, before: str, after: str, speculative: bool = False):
+    def __init__(self, doc_id: str, before: str, after: str, speculative: bool = False, guess: bool = False):
         self.doc_id, self.before, self.after = doc_id, before, after
-        self.speculative = speculative  # computed ahead, for no requester yet (a prefetch)
+        self.speculative = speculative or guess  # computed ahead, for no requester yet (a prefetch)
+        self.guess = guess  # at the place of the last change: a further change makes it worthless
         self.parked = False  # a speculative result put aside for a later request: no longer shared
         self.submitted = time.perf_counter()
         self.cancel_event = threading.Event()
@@ -127,12 +130,13 @@ class RequestQueue:
                  debounce_s: Callable[[], float], on_cancelled: Callable[[], None],
                  on_error: Callable[[Exception], None],
                  warm: Callable[[Expected, Callable[[], bool]], None] | None = None,
-                 idle: Callable[[], Job | None] | None = None):
+                 idle: Callable[[], Job | None] | None = None,
+                 guess: Callable[[Expected], Job | None] | None = None):
         self._cond = threading.Condition(lock)
         self._speculate = idle  # speculative work for an idle thread (called under the lock)
         self._run, self._debounce_s = run, debounce_s
         self._on_cancelled, self._on_error = on_cancelled, on_error
-        self._warm = warm
+        self._warm, self._guess = warm, guess
         self._queue: deque[Job] = deque()
         self._running: Job | None = None
         self._expected: Expected | None = None
@@ -173,13 +177,13 @@ class RequestQueue:
         return bool(self._queue) or self._closed
 
     def cancel(self, doc_id: str) -> None:
-        """Stop the document's jobs (they answer None); speculative ones go on (see the module's note)."""
+        """Stop the document's jobs (they answer None); prefetches go on, guesses stop (see the module's note)."""
         with self._cond:
             self._cancel(doc_id)
 
     def _cancel(self, doc_id: str | None) -> None:
         for job in (*self._queue, self._running):
-            if job is not None and (doc_id is None or (job.doc_id == doc_id and not job.speculative)):
+            if job is not None and (doc_id is None or (job.doc_id == doc_id and (job.guess or not job.speculative))):
                 job.cancel_event.set()
 
     def _cancel_speculative(self) -> None:
@@ -231,7 +235,8 @@ class RequestQueue:
                 continue
             try:
                 result = None
-                debounce = 0.0 if job.speculative else self._debounce_s()
+                # a guess waits like a request: a person still typing would make it worthless
+                debounce = 0.0 if job.speculative and not job.guess else self._debounce_s()
                 if not job.cancelled() and not job.cancel_event.wait(debounce):
                     result = self._run(job)
                 elif not job.speculative:
@@ -250,3 +255,16 @@ class RequestQueue:
             self._warm(expected, self.wanted)
         except Exception:  # a warm-up that failed costs only its time: the request computes what it needs
             log.exception("warming the cache failed")
+            return
+        if self._guess is None:
+            return
+        with self._cond:
+            if self._queue or self._closed or self._expected is not None:
+                return  # a request, or a newer place to warm, goes first
+            try:
+                job = self._guess(expected)
+            except Exception:
+                log.exception("guessing the next request failed")
+                return
+            if job is not None:
+                self._queue.append(job)

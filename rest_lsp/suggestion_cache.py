@@ -21,7 +21,8 @@ from rest_lsp.postprocess import BLOCK_OPENERS
 KEY_PREFIX_CHARS = 256  # prefix characters in a cache key: enough to tell two places of one file apart
 KEY_SUFFIX_CHARS = 4096  # how far the suffix is searched for the next non-blank line (the suffix may be megabytes)
 TYPED_SCAN_CHARS = 128  # how many typed characters a cached suggestion may lie behind the cursor (llama.vim: 128)
-PREFETCH_PLACES = 2  # prefetched suggestions kept: after the accepted text, and on the next line
+# prefetched suggestions kept: after the accepted text, on the next line, and at the last change (a guess)
+PREFETCH_PLACES = 3
 INDENT_UNIT = "    "  # one level of auto-indent after a block opener, in a file indented with spaces
 
 
@@ -142,6 +143,9 @@ class Prefetch:
         self._ready[Place.of(doc_id, before, after)] = text
         while len(self._ready) > PREFETCH_PLACES:
             del self._ready[next(iter(self._ready))]  # the oldest
+
+    def has(self, doc_id: str, before: str, after: str) -> bool:
+        return Place.of(doc_id, before, after) in self._ready
 
     def serve(self, doc_id: str, before: str, after: str) -> str | None:
         """The prefetched text ("" = the model had nothing to show) when it was computed for exactly this text and

@@ -191,6 +191,42 @@ def test_a_request_answered_without_decoding_lets_a_running_prefetch_go_on(tiny_
 # -- 5. the suggestion cache ----------------------------------------------------------------------------------
 
 
+def test_a_pause_after_a_change_has_its_suggestion_ready_before_it_is_asked(tiny_models, generate_calls):
+    svc = _service(tiny_models["random"])
+    try:
+        before, after = PREAMBLE + BEFORE, AFTER
+        svc.expect("mem://w.py", before + after, len(before))  # the editor's change ended here; no request yet
+        wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the changed place")
+        assert len(generate_calls) == 1
+        future = svc.submit("mem://w.py", before + after, len(before)).future
+        assert future.done()  # answered inside submit: never queued for the decoder
+        hit = future.result()
+        assert hit is not None and hit.source == "prefetch" and (hit.tokens, hit.steps) == (0, 0)
+        assert hit.text == greedy(tiny_models["random"], before, after, MAX_NEW)  # what decoding would give
+        assert svc.stats()["completions_decoded"] == 0
+    finally:
+        svc.close()
+
+
+def test_a_guess_is_stopped_by_the_next_change_and_never_served(tiny_models, generate_calls):
+    svc = _service(tiny_models["constant"], max_new_tokens=2000, draft_budget=0)
+    try:
+        generate_calls.hold_at = 1
+        svc.expect("mem://v.py", "x = \n", 4)
+        assert generate_calls.held.wait(60), "the guess never started"
+        svc.cancel("mem://v.py")  # the person typed on
+        svc.expect("mem://v.py", "x = y\n", 5)
+        generate_calls.release.set()
+        wait_for(lambda: generate_calls[0] is not None, 60, "the first guess to stop")
+        assert (generate_calls[0].finish, generate_calls[0].steps) == ("stopped", 1)
+        svc.update_settings(Settings(**{**svc.settings.__dict__, "max_new_tokens": 4}))
+        answer = _submit(svc, "mem://v.py", "x = ", "\n")  # the old place: decoded, not served from the guess
+        assert answer is not None and answer.source == "model" and answer.text == "xxxx"
+    finally:
+        generate_calls.release.set()
+        svc.close()
+
+
 def test_the_cache_matches_typed_over_text_and_a_return_to_an_earlier_spot(tiny_models, generate_calls):
     svc = _service(tiny_models["random"], prefetch=False)
     try:

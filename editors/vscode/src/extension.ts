@@ -24,6 +24,7 @@ import { checkProgram, LaunchProblem, Probe, startFailureMessage } from "./start
 import { formatStats, modelSettled, speedFromStats, stateFromStats } from "./stats";
 import { ProgressTracker, ServerState, Speed, statusText } from "./status";
 
+const STOP_TIMEOUT_MS = 10000;
 const SECTION = "restLsp";
 const SERVER_ACCEPT = "rest-lsp.accept";
 const SERVER_STATS = "rest-lsp.stats";
@@ -211,7 +212,9 @@ class RestLspExtension implements vscode.Disposable {
     if (client === undefined) return;
     this.stopping = true;
     try {
-      if (client.isRunning()) await client.stop(2000);
+      // The server answers `shutdown` once its decoding thread has ended the step it is in and the acceptance
+      // table is saved: under a loaded CPU that takes longer than the client's default 2 s.
+      if (client.isRunning()) await client.stop(STOP_TIMEOUT_MS);
     } catch (err) {
       this.output.warn(`[client] stopping the server failed: ${err instanceof Error ? err.message : err}`);
     } finally {
