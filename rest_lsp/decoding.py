@@ -227,6 +227,7 @@ class Decoder:
             else unsupported(self.model)
         )
         self.lean = LeanLlama(self.model, self.max_context) if self.lean_unsupported is None else None
+        self.logits = self.lean.head if self.lean is not None else self.head  # hidden [n, H] -> [n, V]
         self.name = loaded.name
         # Until calibrate() has measured this machine: the constants measured on the reference machines.
         self.step_cost = FLAT_STEP_COST if self.device.type == "cuda" else CPU_STEP_COST
@@ -276,7 +277,9 @@ class Decoder:
 
     @property
     def engine(self) -> str:
-        return "lean" if self.lean is not None else "transformers"
+        if self.lean is None:
+            return "transformers"
+        return "lean-onednn" if self.lean.packed else "lean"
 
     @torch.inference_mode()
     def step_timer(self, context: int) -> Callable[[DraftTree], None]:
@@ -496,14 +499,14 @@ class Decoder:
         done: dict[int, torch.Tensor] = {}
         rows = likely_nodes(tree)
         if len(rows) > 1:
-            logits = self.head(hidden[rows]).float()  # [k, V]
+            logits = self.logits(hidden[rows]).float()  # [k, V]
             done = {node: logits[i] for i, node in enumerate(rows)}
 
         @torch.inference_mode()
         def logits_at(node: int) -> torch.Tensor:
             if node in done:
                 return done[node]
-            return self.head(hidden[node : node + 1])[0].float()  # [V]
+            return self.logits(hidden[node : node + 1])[0].float()  # [V]
 
         return logits_at
 
