@@ -72,6 +72,8 @@ def cost_curve(measured: dict[int, float]) -> list[float]:
 # Time of a step verifying k tokens relative to a plain step: fp32, 2-core AVX-512 CPU, 512-token context
 # (benchmarks/bench_tree_cost.py). A GPU verifies a few dozen tokens in about the time of one.
 CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.63, 24: 3.01, 32: 3.40, 48: 4.17, 64: 4.93})
+# The lean engine on oneDNN's packed weights: fp32, 2-core AVX2 CPU, 512-token context, SmolLM2-135M (bench_rest).
+PACKED_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.08, 4: 1.23, 8: 1.63, 16: 2.09, 32: 2.78, 64: 4.53})
 FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
 
 
@@ -230,7 +232,8 @@ class Decoder:
         self.logits = self.lean.head if self.lean is not None else self.head  # hidden [n, H] -> [n, V]
         self.name = loaded.name
         # Until calibrate() has measured this machine: the constants measured on the reference machines.
-        self.step_cost = FLAT_STEP_COST if self.device.type == "cuda" else CPU_STEP_COST
+        self.step_cost = (FLAT_STEP_COST if self.device.type == "cuda"
+                          else PACKED_CPU_STEP_COST if self.engine == "lean-onednn" else CPU_STEP_COST)
         self.calibration: Calibration | None = None
         # What sources claim is not how often the model agrees: learned per (source, match length, depth) from
         # every walk, for as long as the decoder lives (and longer, when its owner saves it).
