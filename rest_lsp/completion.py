@@ -320,6 +320,8 @@ class CompletionService:
         """The document changed at character `offset`: the next request will likely come there, so its prompt is
         prefilled while the decoder is idle (never delaying a request by more than one small chunk)."""
         offset = max(0, min(offset, len(text)))
+        with self._lock:
+            self._prefetch.keep_wishes_after(doc_id, text[:offset], text[offset:])
         self._requests.expect(doc_id, text[:offset], text[offset:])
 
     def cancel(self, doc_id: str) -> None:

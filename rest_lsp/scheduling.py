@@ -9,8 +9,9 @@ collapse into one request.
 While no request waits or runs, the thread does idle work. First speculative work from its owner
 (`idle`: a prefetch). A speculative job has no requester; a request that needs decoding cancels it (it
 stops after the decoding step it is in), unless the request is for the identical text and cursor: then the
-request shares it. A change to the document does not stop it: accepting the shown suggestion is such a
-change, and the speculative job is computing what comes after it. Otherwise it warms the decoder's cache for
+request shares it. A change to the document that can still lead to its place does not stop it (accepting the
+shown suggestion, or typing it over, is such a change, and the job computes what comes after it); any other
+change does (`expect`), as do the wishes not yet started. Otherwise it warms the decoder's cache for
 the place the next request will most likely come from (`expect`), asking between small chunks whether a
 request came in, and giving way to it at once; once warm, it computes the suggestion for that place too (`guess`:
 a person who stops typing asks there next). A guess waits the debounce first, and any change to its document or
@@ -165,10 +166,15 @@ class RequestQueue:
         return ticket
 
     def expect(self, doc_id: str, before: str, after: str) -> None:
-        """The next request will likely come here: warm the cache for it while idle (replaces the previous)."""
-        if self._warm is None:
-            return
+        """The next request will likely come here: warm the cache for it while idle (replaces the previous). A
+        prefetch of the document that this text can no longer lead to stops."""
         with self._cond:
+            for job in (*self._queue, self._running):
+                if (job is not None and job.speculative and not job.guess and job.doc_id == doc_id
+                        and not (job.after == after and job.before.startswith(before))):
+                    job.cancel_event.set()
+            if self._warm is None:
+                return
             self._expected = Expected(doc_id, before, after)
             self._cond.notify_all()
 

@@ -132,6 +132,12 @@ class Prefetch:
                 return wanted
         return None
 
+    def keep_wishes_after(self, doc_id: str, before: str, after: str) -> None:
+        """The document changed, the cursor now after `before`: a wish for the document survives only if that text
+        still leads to it (the shown suggestion being accepted, or typed over), else it is computing for text the
+        person did not write."""
+        self._wanted = deque(w for w in self._wanted if w[0] != doc_id or _leads_to(before, after, w[1], w[2]))
+
     def drop_wishes(self) -> None:
         self._wanted.clear()
 
@@ -153,6 +159,11 @@ class Prefetch:
         if not self._ready:
             return None
         return self._ready.pop(Place.of(doc_id, before, after), None)
+
+
+def _leads_to(before: str, after: str, wished_before: str, wished_after: str) -> bool:
+    """Whether typing on from the cursor after `before` can reach the wished place."""
+    return wished_after == after and wished_before.startswith(before)
 
 
 def _next_indent(line: str) -> str:

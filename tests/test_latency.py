@@ -191,6 +191,28 @@ def test_a_request_answered_without_decoding_lets_a_running_prefetch_go_on(tiny_
 # -- 5. the suggestion cache ----------------------------------------------------------------------------------
 
 
+def test_a_change_that_cannot_lead_to_the_prefetched_place_stops_it_and_its_guess_runs(tiny_models,
+                                                                                        generate_calls):
+    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
+    try:
+        generate_calls.hold_at = 2  # the prefetch after the first answer, at "x = xxxx"
+        assert _submit(svc, "mem://u.py", "x = ", "\n").text == "xxxx"
+        assert generate_calls.held.wait(60), "the prefetch never started"
+        # the person wrote something else than the suggestion (the editor says where its change ended)
+        svc.cancel("mem://u.py")
+        svc.expect("mem://u.py", "x = 7\n", 5)
+        generate_calls.release.set()
+        wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the changed place")
+        stats = svc.stats()
+        assert generate_calls[1].finish == "stopped" and stats["prefetch_cancelled"] == 1
+        assert stats["prefetched"] == 0  # the wish on the next line was dropped, never computed
+        hit = _submit(svc, "mem://u.py", "x = 7", "\n")
+        assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
+    finally:
+        generate_calls.release.set()
+        svc.close()
+
+
 def test_a_pause_after_a_change_has_its_suggestion_ready_before_it_is_asked(tiny_models, generate_calls):
     svc = _service(tiny_models["random"])
     try:
