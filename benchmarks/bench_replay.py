@@ -420,6 +420,7 @@ def summarize(records: list[dict], processes: list[dict]) -> dict:
         "requests": len(records), "first_after_open": len(first),
         "type_through": sum(r["answer"] == "type-through" for r in records),
         "empty": sum(r["answer"] == "empty" for r in records),
+        "ready": sum(r["answer"] in ("prefetch", "cache") for r in records),
         "p50_ms": percentile(later, 50), "p95_ms": percentile(later, 95),
         "first_after_open_median_ms": statistics.median(first) if first else None,
         "first_line_matches": sum(r["first_line_match"] for r in records),
@@ -496,8 +497,9 @@ def table(results: dict, configs: list[str]) -> str:
         cell = lambda f: [f(x) for x in s]  # noqa: E731
         head = "| " + mode + " mode | " + " | ".join(configs) + (" | rest/plain |" if ratio else " |")
         rows = [
-            ("requests (first after open / type-through / empty)",
-             cell(lambda x: f"{x['requests']} ({x['first_after_open']}/{x['type_through']}/{x['empty']})"), None),
+            ("requests (first after open / type-through / empty / ready before asked)",
+             cell(lambda x: f"{x['requests']} ({x['first_after_open']}/{x['type_through']}/{x['empty']}/"
+                            f"{x.get('ready', 0)})"), None),
             ("p50 latency, ms (plain steps)", cell(lambda x: f"{_num(x['p50_ms'])} ({_num(x['p50_plain_steps'], '.1f')})"),
              "p50_ms"),
             ("p95 latency, ms (plain steps)", cell(lambda x: f"{_num(x['p95_ms'])} ({_num(x['p95_plain_steps'], '.1f')})"),

@@ -201,8 +201,8 @@ class ServerSession:
         self.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=pending.id))
 
     async def inline(self, uri: str, at: types.Position, timeout_s: float = 600) -> tuple[float, str, str, dict, dict]:
-        """(ms from request sent to reply received, text shown, how the server answered: model | type-through |
-        empty, the server's stats before and after)."""
+        """(ms from request sent to reply received, text shown, how the server answered: model | prefetch (computed
+        before it was asked, or shared with such a computation) | cache | type-through | empty, the server's stats before and after)."""
         before = await self.stats()
         t0 = time.perf_counter()
         request = self.client.text_document_inline_completion_async(types.InlineCompletionParams(
@@ -218,7 +218,9 @@ class ServerSession:
         text = result.items[0].insert_text if result and result.items else ""
         if not isinstance(text, str):  # a StringValue snippet: its text
             text = text.value
-        how = "type-through" if after["type_through"] > before["type_through"] else "model" if text else "empty"
+        grew = lambda key: after.get(key, 0) > before.get(key, 0)  # noqa: E731
+        how = ("type-through" if grew("type_through") else "empty" if not text
+               else "prefetch" if grew("prefetch_hits") else "cache" if grew("cache_hits") else "model")
         return ms, text, how, before, after
 
     async def stop(self) -> None:
