@@ -453,6 +453,7 @@ class CompletionService:
         so_far = IncrementalText(tokenizer.decode)
         checked = [0]  # new tokens already checked for stop ids
         budget = LineBudget(job.submitted, s.time_budget_ms / 1e3, self._clock)
+        wait_s = s.wait_budget_ms / 1e3
 
         def should_stop(new: list[int]) -> bool:
             if job.cancelled():
@@ -461,6 +462,8 @@ class CompletionService:
                 return True
             checked[0] = len(new)
             shown, stopped = trim(so_far.text(new), ctx, final=False)
+            if wait_s > 0 and job.asked_at is not None:  # someone waits now: the short budget, from their request
+                budget.by(job.asked_at + wait_s)
             return stopped or budget.stop(shown)
 
         drafts = self._draft_source(datastore, s, suffix, model.outputs, model.recycle)

@@ -2,7 +2,9 @@
 
   - `LineBudget`: once a request has run for the time budget, its completion ends at the next line end (Continue
     stops after the first line once its budget has passed; llama.vim's server stops at the first line end after
-    `t_max_predict_ms`). A person reads whole lines; a half line is worth less than the time it costs.
+    `t_max_predict_ms`). A person reads whole lines; a half line is worth less than the time it costs. The
+    deadline can only move closer (`by`): work computed ahead gets the long budget, and once a person waits for
+    it, the short one counts from their request (llama.vim: 1000 ms, 250 ms at a new position).
   - `TypingPace`: the debounce follows the typing speed (Tabby adapts its debounce the same way). A fast typist's
     next keystroke comes soon, so the decode it would cancel is not worth starting; a slow typist's pause is short.
     The wait is the median gap between the user's recent changes, clamped between the configured debounce and a
@@ -24,7 +26,8 @@ class LineBudget:
     """Stop rule of one request: after `budget_s` since `start`, end at the next line end of the shown text."""
 
     def __init__(self, start: float, budget_s: float, clock: Callable[[], float] = time.perf_counter):
-        self._start, self._budget_s, self._clock = start, budget_s, clock
+        self._deadline = start + budget_s if budget_s > 0 else None
+        self._clock = clock
         self._from: int | None = None  # length of the shown text when the budget ran out
         self.cut_at: int | None = None  # where the completion ends, once a line end came after that
 
@@ -33,10 +36,10 @@ class LineBudget:
         a line end shows once the next line has text)."""
         if self.cut_at is not None:
             return True
-        if self._budget_s <= 0:
+        if self._deadline is None:
             return False
         if self._from is None:
-            if self._clock() - self._start < self._budget_s:
+            if self._clock() < self._deadline:
                 return False
             self._from = len(shown)
         nl = shown.find("\n", self._from)
@@ -44,6 +47,11 @@ class LineBudget:
             return False
         self.cut_at = nl
         return True
+
+    def by(self, deadline: float) -> None:
+        """End no later than the next line end after `deadline` (an earlier deadline stays)."""
+        if self._deadline is None or deadline < self._deadline:
+            self._deadline = deadline
 
     def cut(self, text: str) -> str:
         """The final text up to the line end where the budget stopped decoding."""

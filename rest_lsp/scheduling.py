@@ -50,6 +50,7 @@ class Job:
         self.guess = guess  # at the place of the last change: a further change makes it worthless
         self.parked = False  # a speculative result put aside for a later request: no longer shared
         self.submitted = time.perf_counter()
+        self.asked_at: float | None = None  # when the first requester began waiting for it
         self.cancel_event = threading.Event()
         self._guard = threading.Lock()
         self._waiters: list[Future] = []
@@ -60,6 +61,8 @@ class Job:
         future: Future = Future()
         with self._guard:
             if not self._done:
+                if self.asked_at is None:
+                    self.asked_at = time.perf_counter()
                 self._waiters.append(future)
                 return future
         resolve_future(future, self._result)

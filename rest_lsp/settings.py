@@ -33,7 +33,10 @@ class Settings:
     debounce_ms: int = 20  # wait this long before decoding; a newer request in the meantime wins
     document_cache_mb: int = 256  # KV caches kept for recently used documents besides the current one; 0 = none
     debounce_max_ms: int = 250  # the debounce follows the typing speed up to this (<= debounce_ms: fixed)
-    time_budget_ms: int = 1000  # after this long a request ends at the next line end; 0 = no budget
+    time_budget_ms: int = 1000  # after this long a completion ends at the next line end; 0 = no budget
+    # ... and this long after a person began waiting for it (a request that must decode, or joins work begun
+    # ahead); 0 = only time_budget_ms
+    wait_budget_ms: int = 250
     suggestion_cache_size: int = 250  # suggestions kept by the text around their cursor; 0 = no cache
     prefetch: bool = True  # while idle, compute the suggestion that follows accepting the shown one
     ignore: tuple[str, ...] = ()  # extra gitignore-style patterns the indexer skips
@@ -102,6 +105,7 @@ _RANGES = {
     "document_cache_mb": (0, 1 << 20),
     "debounce_max_ms": (0, 10_000),
     "time_budget_ms": (0, 600_000),
+    "wait_budget_ms": (0, 600_000),
     "suggestion_cache_size": (0, 100_000),
     "max_file_bytes": (1, 1 << 34),
 }
@@ -167,6 +171,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--debounce-max-ms", type=int, help="the wait follows the typing speed up to this (default: 250)")
     g.add_argument("--time-budget-ms", type=int,
                    help="after this long a completion ends at the next line end; 0 = none (default: 1000)")
+    g.add_argument("--wait-budget-ms", type=int,
+                   help="a completion someone waits for ends at the next line end this long after they asked; "
+                        "0 = only --time-budget-ms (default: 250)")
     g.add_argument("--suggestion-cache-size", type=int,
                    help="suggestions kept for reuse by the text around the cursor; 0 = none (default: 250)")
     g.add_argument("--no-prefetch", dest="prefetch", action="store_false", default=None,

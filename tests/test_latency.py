@@ -289,7 +289,7 @@ def test_the_cache_is_bounded_and_keeps_the_recently_used():
 
 
 def test_one_line_when_text_follows_the_cursor_on_its_line(chain_dir):
-    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, prefetch=False)
+    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, wait_budget_ms=0, prefetch=False)
     try:
         multi = _submit(svc, "mem://o.py", "x = 0\n", "")
         assert multi is not None and multi.text.count("a = 1") >= 3
@@ -301,7 +301,7 @@ def test_one_line_when_text_follows_the_cursor_on_its_line(chain_dir):
 
 
 def test_after_the_time_budget_a_completion_ends_at_the_next_line_end(chain_dir):
-    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, prefetch=False)
+    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, wait_budget_ms=0, prefetch=False)
     try:
         unbounded = _submit(svc, "mem://t.py", "x = 0\n", "")
         assert unbounded is not None and unbounded.text.count("\n") >= 3
@@ -310,6 +310,21 @@ def test_after_the_time_budget_a_completion_ends_at_the_next_line_end(chain_dir)
         bounded = _submit(svc, "mem://t.py", "y = 0\n", "")
         assert bounded is not None and bounded.text == "a = 1"
         assert bounded.tokens < 24
+    finally:
+        svc.close()
+
+
+def test_a_completion_someone_waits_for_ends_at_the_line_end_after_the_wait_budget(chain_dir):
+    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, wait_budget_ms=0)
+    try:
+        svc.expect("mem://b.py", "x = 0\n", 6)  # work begun ahead, nobody waiting: no budget applies
+        wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the changed place")
+        ahead = _submit(svc, "mem://b.py", "x = 0\n", "")
+        assert ahead.source == "prefetch" and ahead.text.count("\n") >= 3
+        svc.update_settings(Settings(**{**svc.settings.__dict__, "wait_budget_ms": 50, "prefetch": False}))
+        svc._clock = lambda: float("inf")  # every check comes after the budget: no waiting on the wall clock
+        waited = _submit(svc, "mem://b.py", "y = 0\n", "")
+        assert waited.source == "model" and waited.text == "a = 1" and waited.tokens < 24
     finally:
         svc.close()
 
@@ -323,6 +338,11 @@ def test_the_line_budget_ends_the_line_it_ran_out_in():
     assert budget.stop("a = 1\nb = 2\nc")
     assert budget.cut("a = 1\nb = 2\nc = 3") == "a = 1\nb = 2"
     assert LineBudget(0.0, 0.0, lambda: 99.0).stop("a\nb\nc") is False  # 0: no budget
+    later = LineBudget(0.0, 10.0, lambda: now[0])
+    later.by(1.0)  # a person began waiting: the earlier deadline counts
+    later.by(5.0)  # ... and a later one never moves it back
+    assert later.stop("a = 1\nb = ") is False and later.stop("a = 1\nb = 2\nc")
+    assert later.cut("a = 1\nb = 2\nc") == "a = 1\nb = 2"
 
 
 def test_the_debounce_follows_the_typing_speed(tiny_models):
@@ -405,16 +425,18 @@ def test_the_latency_settings_from_the_editor_and_the_command_line():
     from rest_lsp import settings as settings_module
 
     s, errors = Settings().update({"timeBudgetMs": 300, "debounceMaxMs": 400, "suggestionCacheSize": 10,
-                                   "prefetch": False})
+                                   "prefetch": False, "waitBudgetMs": 100})
     assert not errors
     assert (s.time_budget_ms, s.debounce_max_ms, s.suggestion_cache_size, s.prefetch) == (300, 400, 10, False)
+    assert s.wait_budget_ms == 100
     kept, errors = s.update({"timeBudgetMs": -1, "prefetch": "no", "suggestionCacheSize": 1.5})
     assert kept == s and len(errors) == 3
     parser = argparse.ArgumentParser()
     settings_module.add_arguments(parser)
     args = parser.parse_args(["--time-budget-ms", "0", "--debounce-max-ms", "100", "--suggestion-cache-size", "0",
-                              "--no-prefetch"])
+                              "--no-prefetch", "--wait-budget-ms", "0"])
     cli = Settings.from_args(args)
+    assert cli.wait_budget_ms == 0
     assert (cli.time_budget_ms, cli.debounce_max_ms, cli.suggestion_cache_size, cli.prefetch) == (0, 100, 0, False)
     assert Settings.from_args(parser.parse_args([])).prefetch is True
 

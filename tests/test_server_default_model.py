@@ -38,7 +38,7 @@ async def test_inline_completion_with_the_default_model(default_model, tmp_path:
     root = tmp_path / "workspace"
     root.mkdir()
     # REST on, server defaults; no time budget: the answer is compared with the whole greedy continuation
-    options = {"maxNewTokens": MAX_NEW, "cacheDir": str(tmp_path / "index"), "timeBudgetMs": 0}
+    options = {"maxNewTokens": MAX_NEW, "cacheDir": str(tmp_path / "index"), "timeBudgetMs": 0, "waitBudgetMs": 0}
     client, _ = await start(server_command(), root, "visual-studio-code", options)
     try:
         async def ready():
