@@ -66,6 +66,30 @@ def test_llama_family_runs_on_the_lean_engine(tiny):
     assert Decoder(tiny, lean=False).lean is None
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["onednn", "f.linear"])
+def test_the_lean_engine_is_exact_on_packed_weights_and_on_plain_ones(tiny, pack):
+    """On a CPU in fp32 the lean engine's matmuls run on oneDNN's packed weights (the other tests use that path);
+    F.linear is the path on GPUs and in other dtypes: both verify trees exactly."""
+    from rest_lsp.lean_llama import LeanLlama, onednn_packs
+
+    if pack and not onednn_packs(torch.float32, torch.device("cpu")):
+        pytest.skip("this torch has no oneDNN")
+    vocab = tiny.model.config.vocab_size
+    decoder = Decoder(tiny)
+    decoder.lean = LeanLlama(decoder.model, decoder.max_context, pack=pack)
+    decoder.logits = decoder.lean.head
+    assert decoder.engine == ("lean-onednn" if pack else "lean")
+    for seed in range(3):
+        rnd = random.Random(seed)
+        prompt = [rnd.randrange(vocab) for _ in range(rnd.randrange(5, 30))]
+        truth = reference(tiny, prompt)
+        sources = draft_sources(prompt, truth, vocab, rnd)
+        for name in ("perfect", "partly", "branchy", "all"):
+            result = decoder.generate(prompt, sources[name], DecodeConfig(max_new_tokens=N_NEW, budget=16,
+                                                                          fit_to_cost=False))
+            assert result.tokens == truth, (name, seed)
+
+
 @pytest.mark.parametrize("lean", ENGINES)
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
 def test_greedy_rest_equals_generate(tiny, budget, lean):
