@@ -73,6 +73,14 @@ def _submit(svc: CompletionService, doc: str, before: str, after: str):
     return svc.submit(doc, before + after, len(before)).future.result(60)
 
 
+def _answer_and_hold_its_prefetch(svc: CompletionService, calls: Calls, doc: str) -> None:
+    """The constant model answers "xxxx" after "x = "; the prefetch that follows (at "x = xxxx") is held in its
+    first step."""
+    calls.hold_at = 2
+    assert _submit(svc, doc, "x = ", "\n").text == "xxxx"
+    assert calls.held.wait(60), "the prefetch never started"
+
+
 @pytest.fixture(scope="module")
 def chain_dir(tiny_models, tmp_path_factory) -> Path:
     """A model that writes "a = 1\\n" over and over after any text."""
@@ -159,9 +167,7 @@ def test_a_request_stops_a_running_prefetch_after_the_step_it_is_in(tiny_models,
 def test_accepting_the_shown_suggestion_does_not_stop_its_prefetch(tiny_models, generate_calls):
     svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
     try:
-        generate_calls.hold_at = 2  # the prefetch after the first answer
-        assert _submit(svc, "mem://s.py", "x = ", "\n").text == "xxxx"
-        assert generate_calls.held.wait(60), "the prefetch never started"
+        _answer_and_hold_its_prefetch(svc, generate_calls, "mem://s.py")
         svc.cancel("mem://s.py")  # the document changed (the editor inserted the suggestion) while it ran
         generate_calls.release.set()
         wait_for(lambda: svc.stats()["prefetched"] >= 1, 60, "the prefetch to finish")
@@ -188,16 +194,11 @@ def test_a_request_answered_without_decoding_lets_a_running_prefetch_go_on(tiny_
         svc.close()
 
 
-# -- 5. the suggestion cache ----------------------------------------------------------------------------------
-
-
 def test_a_change_that_cannot_lead_to_the_prefetched_place_stops_it_and_its_guess_runs(tiny_models,
                                                                                         generate_calls):
     svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
     try:
-        generate_calls.hold_at = 2  # the prefetch after the first answer, at "x = xxxx"
-        assert _submit(svc, "mem://u.py", "x = ", "\n").text == "xxxx"
-        assert generate_calls.held.wait(60), "the prefetch never started"
+        _answer_and_hold_its_prefetch(svc, generate_calls, "mem://u.py")
         # the person wrote something else than the suggestion (the editor says where its change ended)
         svc.cancel("mem://u.py")
         svc.expect("mem://u.py", "x = 7\n", 5)
@@ -247,6 +248,9 @@ def test_a_guess_is_stopped_by_the_next_change_and_never_served(tiny_models, gen
     finally:
         generate_calls.release.set()
         svc.close()
+
+
+# -- 5. the suggestion cache ----------------------------------------------------------------------------------
 
 
 def test_the_cache_matches_typed_over_text_and_a_return_to_an_earlier_spot(tiny_models, generate_calls):
