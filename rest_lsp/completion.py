@@ -313,7 +313,8 @@ class CompletionService:
         that one is for the identical text and cursor: then both share its computation."""
         offset = max(0, min(offset, len(text)))
         ticket = self._requests.submit(doc_id, text[:offset], text[offset:], self._answer_now)
-        self._requests.expect(doc_id, text[:offset], text[offset:])  # the next one likely comes here again
+        # the next one likely comes here again: keep its prompt warm (its answer is known, or nothing to show)
+        self._requests.expect(doc_id, text[:offset], text[offset:], edited=False)
         return ticket
 
     def expect(self, doc_id: str, text: str, offset: int) -> None:

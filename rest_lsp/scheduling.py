@@ -124,6 +124,7 @@ class Expected:
     doc_id: str
     before: str
     after: str
+    edited: bool = True  # the place of an edit (worth a guess), not of a request just answered
 
 
 class RequestQueue:
@@ -168,7 +169,7 @@ class RequestQueue:
             self._cond.notify_all()
         return ticket
 
-    def expect(self, doc_id: str, before: str, after: str) -> None:
+    def expect(self, doc_id: str, before: str, after: str, edited: bool = True) -> None:
         """The next request will likely come here: warm the cache for it while idle (replaces the previous). A
         prefetch of the document that this text can no longer lead to stops."""
         with self._cond:
@@ -178,7 +179,7 @@ class RequestQueue:
                     job.cancel_event.set()
             if self._warm is None:
                 return
-            self._expected = Expected(doc_id, before, after)
+            self._expected = Expected(doc_id, before, after, edited)
             self._cond.notify_all()
 
     def wanted(self) -> bool:
@@ -265,7 +266,7 @@ class RequestQueue:
         except Exception:  # a warm-up that failed costs only its time: the request computes what it needs
             log.exception("warming the cache failed")
             return
-        if self._guess is None:
+        if self._guess is None or not expected.edited:
             return
         with self._cond:
             if self._queue or self._closed or self._expected is not None:

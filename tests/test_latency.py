@@ -231,6 +231,18 @@ def test_a_pause_after_a_change_has_its_suggestion_ready_before_it_is_asked(tiny
         svc.close()
 
 
+def test_the_place_of_a_request_just_answered_is_not_guessed_again(tiny_models, generate_calls):
+    svc = _service(tiny_models["random"], suggestion_cache_size=0)  # no cache that would make a guess needless
+    try:
+        assert _submit(svc, "mem://n.py", PREAMBLE + BEFORE, AFTER) is not None
+        wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch after the answer")
+        svc.expect("mem://x.py", "y = ", 4)  # an edit elsewhere: its guess runs after anything left at n.py
+        wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the guess at the edit")
+        assert len(generate_calls) == 3  # the request, its prefetch, the guess at the edit: none at n.py
+    finally:
+        svc.close()
+
+
 def test_a_guess_is_stopped_by_the_next_change_and_never_served(tiny_models, generate_calls):
     svc = _service(tiny_models["constant"], max_new_tokens=2000, draft_budget=0)
     try:
