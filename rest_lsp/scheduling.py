@@ -28,6 +28,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Callable
 
+from rest_lsp.suggestion_cache import leads_to
+
 log = logging.getLogger(__name__)
 
 
@@ -175,7 +177,7 @@ class RequestQueue:
         with self._cond:
             for job in (*self._queue, self._running):
                 if (job is not None and job.speculative and not job.guess and job.doc_id == doc_id
-                        and not (job.after == after and job.before.startswith(before))):
+                        and not leads_to(before, after, job.before, job.after)):
                     job.cancel_event.set()
             if self._warm is None:
                 return

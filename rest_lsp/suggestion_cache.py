@@ -136,7 +136,7 @@ class Prefetch:
         """The document changed, the cursor now after `before`: a wish for the document survives only if that text
         still leads to it (the shown suggestion being accepted, or typed over), else it is computing for text the
         person did not write."""
-        self._wanted = deque(w for w in self._wanted if w[0] != doc_id or _leads_to(before, after, w[1], w[2]))
+        self._wanted = deque(w for w in self._wanted if w[0] != doc_id or leads_to(before, after, w[1], w[2]))
 
     def drop_wishes(self) -> None:
         self._wanted.clear()
@@ -161,9 +161,10 @@ class Prefetch:
         return self._ready.pop(Place.of(doc_id, before, after), None)
 
 
-def _leads_to(before: str, after: str, wished_before: str, wished_after: str) -> bool:
-    """Whether typing on from the cursor after `before` can reach the wished place."""
-    return wished_after == after and wished_before.startswith(before)
+def leads_to(before: str, after: str, to_before: str, to_after: str) -> bool:
+    """Whether typing on from the cursor between `before` and `after` can reach the place between `to_before` and
+    `to_after`."""
+    return to_after == after and to_before.startswith(before)
 
 
 def _next_indent(line: str) -> str:
