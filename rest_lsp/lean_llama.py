@@ -169,14 +169,14 @@ class LeanLlama:
             raise ValueError(f"oneDNN cannot pack {self.dtype} weights on {self.device}")
         # fused (and packed) once per model and shared by every LeanLlama over it (each Decoder builds one)
         key = "_lean_packed" if self.packed else "_lean_layers"
-        built = getattr(model, key, None)
+        built = model.__dict__.get(key)  # (layers, head)
         q = model.model.layers[0].self_attn.q_proj.weight
-        if built is None or built[0].qkv.weight.data_ptr() != q.data_ptr():  # never built, or moved/cast since
-            setattr(model, key, [self._fuse(layer, self.packed) for layer in model.model.layers])
+        if built is None or built[0][0].qkv.weight.data_ptr() != q.data_ptr():  # never built, or moved/cast since
             head = model.get_output_embeddings()
-            model.__dict__[key + "_head"] = Matmul.of(head.weight, head.bias, self.packed)
-        self.layers = getattr(model, key)
-        self.head = model.__dict__[key + "_head"]  # logits [n, V] from final hidden states [n, H]
+            built = model.__dict__[key] = ([self._fuse(layer, self.packed) for layer in model.model.layers],
+                                           Matmul.of(head.weight, head.bias, self.packed))
+        self.layers = built[0]
+        self.head = built[1]  # logits [n, V] from final hidden states [n, H]
         self.theta, self.max_positions = _rope_theta(cfg), max_positions
         self._causal: torch.Tensor | None = None  # [n, n] additive causal mask, kept for the next prefill chunk
         self.cos, self.sin = self._rope_table(min(max_positions, 2 * CACHE_BLOCK))  # [P, D] each, grown on demand
