@@ -73,12 +73,22 @@ def _submit(svc: CompletionService, doc: str, before: str, after: str):
     return svc.submit(doc, before + after, len(before)).future.result(60)
 
 
-def _answer_and_hold_its_prefetch(svc: CompletionService, calls: Calls, doc: str) -> None:
-    """The constant model answers "xxxx" after "x = "; the prefetch that follows (at "x = xxxx") is held in its
-    first step."""
-    calls.hold_at = 2
+@pytest.fixture
+def constant_service(tiny_models, generate_calls) -> CompletionService:
+    """The constant model (it writes "x" until max_new_tokens=4), plain decoding; a held step is released before
+    the service closes."""
+    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
+    yield svc
+    generate_calls.release.set()
+    svc.close()
+
+
+def _answer_and_hold_its_prefetch(svc: CompletionService, calls: Calls, doc: str, call: int = 2) -> None:
+    """The constant model answers "xxxx" after "x = "; a prefetch that follows is held in its first step: call 2
+    (after the accepted text, at "x = xxxx") or call 3 (on the next line)."""
+    calls.hold_at = call
     assert _submit(svc, doc, "x = ", "\n").text == "xxxx"
-    assert calls.held.wait(60), "the prefetch never started"
+    assert calls.held.wait(60), f"the prefetch of call {call} never started"
 
 
 @pytest.fixture(scope="module")
@@ -137,81 +147,62 @@ def test_a_prefetch_is_not_served_after_an_unrelated_edit(tiny_models):
         svc.close()
 
 
-def test_a_request_stops_a_running_prefetch_after_the_step_it_is_in(tiny_models, generate_calls):
-    # the constant model writes "x" until max_new_tokens
-    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
-    try:
-        assert _submit(svc, "mem://r.py", "x = ", "\n").text == "xxxx"  # generate call 1
-        # calls 2 and 3: after accepting it, at its end and on the next line
-        wait_for(lambda: svc.stats()["prefetched"] == 2, 60, "the prefetches after x = xxxx")
-        svc.update_settings(Settings(**{**svc.settings.__dict__, "max_new_tokens": 2000}))
-        generate_calls.hold_at = 4  # the prefetch after the next hit: 2,000 tokens unless a request stops it
-        hit = _submit(svc, "mem://r.py", "x = xxxx", "\n")
-        assert hit is not None and hit.source == "prefetch"
-        assert generate_calls.held.wait(60), "the next prefetch never started"
-        svc.update_settings(Settings(**{**svc.settings.__dict__, "max_new_tokens": 4}))
-        # the request arrives while the prefetch is inside its first step
-        ticket = svc.submit("mem://r.py", "z = \n", 4)
-        generate_calls.release.set()
-        other = ticket.future.result(60)
-        assert other is not None and other.text == "xxxx" and other.source == "model"
-        prefetch = generate_calls[3]
-        assert (prefetch.finish, prefetch.steps) == ("stopped", 1)  # stopped after the step it was in
-        stats = svc.stats()
-        assert stats["prefetch_cancelled"] == 1 and stats["cancelled"] == 0
-    finally:
-        generate_calls.release.set()
-        svc.close()
+def test_a_request_stops_a_running_prefetch_after_the_step_it_is_in(constant_service, generate_calls):
+    svc = constant_service
+    assert _submit(svc, "mem://r.py", "x = ", "\n").text == "xxxx"  # generate call 1
+    # calls 2 and 3: after accepting it, at its end and on the next line
+    wait_for(lambda: svc.stats()["prefetched"] == 2, 60, "the prefetches after x = xxxx")
+    svc.update_settings(Settings(**{**svc.settings.__dict__, "max_new_tokens": 2000}))
+    generate_calls.hold_at = 4  # the prefetch after the next hit: 2,000 tokens unless a request stops it
+    hit = _submit(svc, "mem://r.py", "x = xxxx", "\n")
+    assert hit is not None and hit.source == "prefetch"
+    assert generate_calls.held.wait(60), "the next prefetch never started"
+    svc.update_settings(Settings(**{**svc.settings.__dict__, "max_new_tokens": 4}))
+    # the request arrives while the prefetch is inside its first step
+    ticket = svc.submit("mem://r.py", "z = \n", 4)
+    generate_calls.release.set()
+    other = ticket.future.result(60)
+    assert other is not None and other.text == "xxxx" and other.source == "model"
+    prefetch = generate_calls[3]
+    assert (prefetch.finish, prefetch.steps) == ("stopped", 1)  # stopped after the step it was in
+    stats = svc.stats()
+    assert stats["prefetch_cancelled"] == 1 and stats["cancelled"] == 0
 
 
-def test_accepting_the_shown_suggestion_does_not_stop_its_prefetch(tiny_models, generate_calls):
-    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
-    try:
-        _answer_and_hold_its_prefetch(svc, generate_calls, "mem://s.py")
-        svc.cancel("mem://s.py")  # the document changed (the editor inserted the suggestion) while it ran
-        generate_calls.release.set()
-        wait_for(lambda: svc.stats()["prefetched"] >= 1, 60, "the prefetch to finish")
-        hit = _submit(svc, "mem://s.py", "x = xxxx", "\n")
-        assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
-    finally:
-        generate_calls.release.set()
-        svc.close()
+def test_accepting_the_shown_suggestion_does_not_stop_its_prefetch(constant_service, generate_calls):
+    svc = constant_service
+    _answer_and_hold_its_prefetch(svc, generate_calls, "mem://s.py")
+    svc.cancel("mem://s.py")  # the document changed (the editor inserted the suggestion) while it ran
+    generate_calls.release.set()
+    wait_for(lambda: svc.stats()["prefetched"] >= 1, 60, "the prefetch to finish")
+    hit = _submit(svc, "mem://s.py", "x = xxxx", "\n")
+    assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
 
 
-def test_a_request_answered_without_decoding_lets_a_running_prefetch_go_on(tiny_models, generate_calls):
-    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
-    try:
-        generate_calls.hold_at = 3  # call 2: after the accepted text; call 3: on the next line
-        assert _submit(svc, "mem://g.py", "x = ", "\n").text == "xxxx"
-        assert generate_calls.held.wait(60), "the second prefetch never started"
-        hit = _submit(svc, "mem://g.py", "x = xxxx", "\n")  # the editor asks after accepting: no decoding needed
-        assert hit is not None and hit.source == "prefetch"
-        generate_calls.release.set()
-        wait_for(lambda: generate_calls[2] is not None, 60, "the second prefetch to end")
-        assert generate_calls[2].finish == "length" and svc.stats()["prefetch_cancelled"] == 0
-    finally:
-        generate_calls.release.set()
-        svc.close()
+def test_a_request_answered_without_decoding_lets_a_running_prefetch_go_on(constant_service, generate_calls):
+    svc = constant_service
+    _answer_and_hold_its_prefetch(svc, generate_calls, "mem://g.py", call=3)
+    hit = _submit(svc, "mem://g.py", "x = xxxx", "\n")  # the editor asks after accepting: no decoding needed
+    assert hit is not None and hit.source == "prefetch"
+    generate_calls.release.set()
+    wait_for(lambda: generate_calls[2] is not None, 60, "the second prefetch to end")
+    assert generate_calls[2].finish == "length" and svc.stats()["prefetch_cancelled"] == 0
 
 
-def test_a_change_that_cannot_lead_to_the_prefetched_place_stops_it_and_its_guess_runs(tiny_models,
+def test_a_change_that_cannot_lead_to_the_prefetched_place_stops_it_and_its_guess_runs(constant_service,
                                                                                         generate_calls):
-    svc = _service(tiny_models["constant"], max_new_tokens=4, draft_budget=0)
-    try:
-        _answer_and_hold_its_prefetch(svc, generate_calls, "mem://u.py")
-        # the person wrote something else than the suggestion (the editor says where its change ended)
-        svc.cancel("mem://u.py")
-        svc.expect("mem://u.py", "x = 7\n", 5)
-        generate_calls.release.set()
-        wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the changed place")
-        stats = svc.stats()
-        assert generate_calls[1].finish == "stopped" and stats["prefetch_cancelled"] == 1
-        assert stats["prefetched"] == 0  # the wish on the next line was dropped, never computed
-        hit = _submit(svc, "mem://u.py", "x = 7", "\n")
-        assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
-    finally:
-        generate_calls.release.set()
-        svc.close()
+    svc = constant_service
+    _answer_and_hold_its_prefetch(svc, generate_calls, "mem://u.py")
+    # the person wrote something else than the suggestion (the editor says where its change ended)
+    svc.cancel("mem://u.py")
+    svc.expect("mem://u.py", "x = 7\n", 5)
+    generate_calls.release.set()
+    wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the changed place")
+    stats = svc.stats()
+    assert generate_calls[1].finish == "stopped" and stats["prefetch_cancelled"] == 1
+    assert stats["prefetched"] == 0  # the wish on the next line was dropped, never computed
+    hit = _submit(svc, "mem://u.py", "x = 7", "\n")
+    assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
 
 
 def test_a_pause_after_a_change_has_its_suggestion_ready_before_it_is_asked(tiny_models, generate_calls):
