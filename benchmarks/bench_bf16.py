@@ -32,7 +32,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def generate(model, prompt: list[int], n: int) -> list[int]:
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                          do_sample=False)
     return out[0, len(prompt):].tolist()
@@ -49,13 +49,15 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (on a GPU the steps replay CUDA graphs)")
     args = ap.parse_args()
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     corpora = [stdlib / "asyncio", stdlib / "json", stdlib / "email"]
 
-    fp32 = load_model(args.model, "cpu", "float32")
+    fp32 = load_model(args.model, args.device, "float32")
     # bf16 by hand: load_model falls back to fp32 on a CPU without native bf16, and here the numerics are the point
-    bf16 = replace(fp32, model=load_model(args.model, "cpu", "float32").model.to(torch.bfloat16), dtype=torch.bfloat16)
+    bf16 = replace(fp32, model=load_model(args.model, args.device, "float32").model.to(torch.bfloat16),
+                   dtype=torch.bfloat16)
     tok, n = fp32.tokenizer, args.max_new_tokens
     rest = {"fp32": Decoder(fp32), "bf16": Decoder(bf16)}
     outputs = {k: OutputStore() for k in rest}
@@ -98,6 +100,7 @@ def main() -> None:
         summary[f"{a} vs {b}"] = {"identical": same, "first_difference_median": where[len(where) // 2] if where else None}
         print(f"| {a_name} | {b_name} | {same}/{len(rows)} ({100 * same / len(rows):.0f}%) | {at} |")
     RESULTS.mkdir(exist_ok=True)
+    summary["device"] = str(fp32.device)
     (RESULTS / "bf16.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
 
 

@@ -30,7 +30,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from rest_lsp.datastore import Datastore
-from rest_lsp.decoding import DecodeConfig, Decoder
+from rest_lsp.decoding import DecodeConfig, Decoder, sync_device
 from rest_lsp.drafts import SOURCE_NAMES, ContextLookup, OutputStore, Proposal, SuccessorTable, rest_drafts
 from rest_lsp.model import load_model
 
@@ -54,13 +54,14 @@ class FirstTokenClock(BaseStreamer):
 
 def hf_generate(model, prompt: list[int], n: int, **kw) -> tuple[list[int], float, float]:
     """(new tokens, prefill+first token ms, ms per later token)."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     clock = FirstTokenClock()
     t0 = time.perf_counter()
     out = model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
         streamer=clock, **kw,
     )
+    sync_device(model.device)
     t1 = time.perf_counter()
     new = out[0, len(prompt):].tolist()
     first = clock.first or t1
@@ -138,6 +139,9 @@ def main() -> None:
     ap.add_argument("--useless", action="store_true", help="also run REST with a source that is always wrong")
     ap.add_argument("--transformers-engine", action="store_true",
                     help="also run REST on transformers' forward and DynamicCache instead of our lean engine")
+    ap.add_argument("--eager-engine", action="store_true",
+                    help="also run plain and REST on the lean engine's eager step (the default on a GPU replays "
+                         "static steps from CUDA graphs)")
     ap.add_argument("--llama-cpp", action="store_true",
                     help="also time llama.cpp's plain decoding of the same GGUF and prompts (pip install -e .[bench])")
     args = ap.parse_args()
@@ -149,16 +153,19 @@ def main() -> None:
     from rest_lsp.generation import default_budget
 
     budget = default_budget(loaded) if args.budget is None else args.budget
-    print(f"model {loaded.name} on {loaded.device} ({loaded.dtype}), torch threads {torch.get_num_threads()}; "
+    where = torch.cuda.get_device_name(loaded.device) if loaded.device.type == "cuda" else "CPU"
+    print(f"model {loaded.name} on {loaded.device} ({where}, {loaded.dtype}), torch threads {torch.get_num_threads()}; "
           f"{args.max_new_tokens} new tokens; REST budget {budget}")
 
     # One decoder per REST configuration, each with its own cache, learned acceptance and model habits, all
     # starting empty (nothing loaded from disk) and living across corpora, as in a server.
     configs = ["own-plain", "rest"] + (["fixed"] if args.compare_fixed else []) + (["useless"] if args.useless else [])
     configs += ["rest-transformers"] if args.transformers_engine else []
+    configs += ["own-plain-eager", "rest-eager"] if args.eager_engine else []
     if args.ablate:
         configs += [f"-{name}" for name in SOURCE_NAMES]
-    decoders = {c: Decoder(loaded, lean=c != "rest-transformers") for c in configs}
+    decoders = {c: Decoder(loaded, lean=c != "rest-transformers", static=False if c.endswith("-eager") else None)
+                for c in configs}
     found = {}
     for d in decoders.values():  # this machine's step-cost curve, per engine
         if d.engine not in found:
@@ -207,7 +214,7 @@ def main() -> None:
                                          exclude=[c[1:]] if c.startswith("-") else ())
                 decoders[c].reset()  # a cold cache per prompt, as for the others
                 result = decoders[c].generate(prompt, drafts, DecodeConfig(
-                    max_new_tokens=n, budget=0 if c == "own-plain" else budget, fit_to_cost=c != "fixed"))
+                    max_new_tokens=n, budget=0 if c.startswith("own-plain") else budget, fit_to_cost=c != "fixed"))
                 outputs[c].add(prompt[-32:], result.tokens)
                 row.update({
                     f"{c}_ms_per_token": result.ms_per_token,
@@ -241,6 +248,7 @@ def main() -> None:
         "budget": budget, "device": str(loaded.device), "dtype": str(loaded.dtype), "max_new_tokens": n,
     }
     labels = {"own-plain": "plain, rest-lsp's engine (no drafts)", "rest": "REST (default)",
+              "own-plain-eager": "plain, rest-lsp's engine, eager step", "rest-eager": "REST, eager step",
               "rest-transformers": "REST on transformers' forward", "fixed": "REST, full budget every step", "useless": "REST, always-wrong source",
               **{f"-{s}": f"REST without {s}" for s in SOURCE_NAMES}}
     print("\n| configuration | median ms/token | median tokens/step | median speedup vs plain | vs prompt lookup | "

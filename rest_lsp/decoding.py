@@ -204,7 +204,8 @@ def _tensor_bytes(obj, seen: set[int] | None = None, depth: int = 4) -> int:
 class Decoder:
     """Runs one model; keeps the KV cache of its last sequence so the next prompt pays only for what changed."""
 
-    def __init__(self, loaded: LoadedModel, acceptance: AcceptanceModel | None = None, lean: bool = True):
+    def __init__(self, loaded: LoadedModel, acceptance: AcceptanceModel | None = None, lean: bool = True,
+                 static: bool | None = None):
         self.model = loaded.model
         self.device = loaded.device
         self.dtype = next(loaded.model.parameters()).dtype
@@ -228,7 +229,8 @@ class Decoder:
             else "sliding windows or long RoPE" if self.window is not None or self.rope_switch is not None
             else unsupported(self.model)
         )
-        self.lean = LeanLlama(self.model, self.max_context) if self.lean_unsupported is None else None
+        # static: verification steps padded to fixed shapes, replayed from CUDA graphs on a GPU (None: on a GPU)
+        self.lean = LeanLlama(self.model, self.max_context, static=static) if self.lean_unsupported is None else None
         self.logits = self.lean.head if self.lean is not None else self.head  # hidden [n, H] -> [n, V]
         self.name = loaded.name
         # Until calibrate() has measured this machine: the constants measured on the reference machines.
@@ -282,7 +284,9 @@ class Decoder:
     def engine(self) -> str:
         if self.lean is None:
             return "transformers"
-        return "lean-onednn" if self.lean.packed else "lean"
+        if self.lean.graphs is not None:
+            return "lean-graphs"
+        return ("lean-onednn" if self.lean.packed else "lean") + ("-static" if self.lean.static else "")
 
     @torch.inference_mode()
     def step_timer(self, context: int) -> Callable[[DraftTree], None]:
@@ -484,7 +488,7 @@ class Decoder:
             ids = torch.tensor(tree.tokens, device=self.device)  # [n+1]
             pos = torch.tensor(tree.depths, device=self.device) + past  # [n+1]
             mask = None if len(tree) == 1 else tree_attention_mask(tree, 0, self.dtype, self.device)[0, 0]  # [n+1, n+1]
-            return self._head_at(tree, self.lean.forward(ids, pos, cache, mask))
+            return self._head_at(tree, self.lean.step(ids, pos, cache, mask))
         ids = torch.tensor([tree.tokens], device=self.device)  # [1, n+1]
         pos = tree_position_ids(tree, past, self.device)  # [1, n+1]
         kwargs = dict(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)

@@ -151,15 +151,15 @@ def fit_to_cost(tree: DraftTree, cost: Sequence[float], trust: float = 1.0) -> D
 def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device=None) -> torch.Tensor:
     """Additive mask [1, 1, n+1, past+n+1]: each node sees the whole cached context, its ancestors and itself."""
     n = len(tree)
-    parents = torch.tensor(tree.parents, device=device)
-    sees = torch.eye(n, dtype=torch.bool, device=device)  # [n, n]
+    # built on the host and copied once: on a GPU, n row updates would be n kernel launches
+    sees = torch.eye(n, dtype=torch.bool)  # [n, n]
     # Parents precede children, so one pass in order inherits the full ancestor set.
-    for i in range(1, n):
-        sees[i] |= sees[parents[i]]
-    allowed = torch.cat([torch.ones(n, past_length, dtype=torch.bool, device=device), sees], dim=1)  # [n, past+n]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    for i, parent in enumerate(tree.parents[1:], start=1):
+        sees[i] |= sees[parent]
+    allowed = torch.cat([torch.ones(n, past_length, dtype=torch.bool), sees], dim=1)  # [n, past+n]
+    mask = torch.zeros(allowed.shape, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]  # [1, 1, n, past+n]
+    return mask.to(device)[None, None]  # [1, 1, n, past+n]
 
 
 def tree_position_ids(tree: DraftTree, past_length: int, device=None) -> torch.Tensor:

@@ -22,13 +22,18 @@ the same rotation), so fp32 outputs agree with `model.generate` to rounding.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 KNOWN_TYPES = {"llama", "qwen2", "mistral"}
 CACHE_BLOCK = 512  # cache rows are allocated in blocks: growth copies rarely, and memory follows the sequence
+# Row counts a static step pads to: each is one CUDA graph per cache. A tree larger than the last runs eagerly.
+STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+GRAPHS_KEPT = 32  # captured graphs kept (least recently used dropped): buckets x caches x capacities in use
 
 
 def unsupported(model) -> str | None:
@@ -132,8 +137,9 @@ class KVCache:
             return
         cap = -(-rows // CACHE_BLOCK) * CACHE_BLOCK
         L, Hkv, _, D = self.shape
-        k = torch.empty((L, Hkv, cap, D), dtype=self.dtype, device=self.device)
-        v = torch.empty((L, Hkv, cap, D), dtype=self.dtype, device=self.device)
+        # zeros, not empty: a static step reads every row (weighted 0 beyond the length), and 0 x NaN is NaN
+        k = torch.zeros((L, Hkv, cap, D), dtype=self.dtype, device=self.device)
+        v = torch.zeros((L, Hkv, cap, D), dtype=self.dtype, device=self.device)
         k[:, :, : self.length] = self.k[:, :, : self.length]
         v[:, :, : self.length] = self.v[:, :, : self.length]
         self.k, self.v = k, v
@@ -154,7 +160,7 @@ class KVCache:
 class LeanLlama:
     """The forward pass of a Llama-family model over a KVCache; returns hidden states (the head is the caller's)."""
 
-    def __init__(self, model, max_positions: int, pack: bool | None = None):
+    def __init__(self, model, max_positions: int, pack: bool | None = None, static: bool | None = None):
         cfg = model.config
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
@@ -180,6 +186,12 @@ class LeanLlama:
         self.theta, self.max_positions = _rope_theta(cfg), max_positions
         self._causal: torch.Tensor | None = None  # [n, n] additive causal mask, kept for the next prefill chunk
         self.cos, self.sin = self._rope_table(min(max_positions, 2 * CACHE_BLOCK))  # [P, D] each, grown on demand
+        # Verification steps run static (see `step`) on a GPU, where launches cost more than the arithmetic; on a
+        # CPU the eager step reads only the valid rows, which is cheaper.
+        self.static = self.device.type == "cuda" if static is None else static
+        self.graphs = StepGraphs(self) if self.static and self.device.type == "cuda" else None
+        if self.static:  # a captured graph reads the table where it was: allocate it whole, once
+            self.cos, self.sin = self._rope_table(max_positions)
 
     @staticmethod
     @torch.no_grad()
@@ -236,10 +248,20 @@ class LeanLlama:
         cache.reserve(total)
         if total > self.cos.shape[0]:
             self.cos, self.sin = self._rope_table(max(total, min(self.max_positions, 2 * self.cos.shape[0])))
+        mask = self._mask(n, tree_mask)  # [n, n] over the new tokens only (every new token sees the whole cache)
+        hidden = self._layers(ids, positions, cache, slice(past, total), total, mask, past)
+        cache.length = total
+        return hidden
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, rows, keys: int,
+                mask: torch.Tensor | None, mask_from: int) -> torch.Tensor:
+        """The decoder layers over n new tokens: their keys and values go into cache rows `rows` (a slice, or a
+        [n] index tensor), attention reads rows [:keys], and `mask` [n, keys - mask_from] is added to the scores
+        of the key columns from `mask_from` on. Returns the hidden states [n, H] after the final norm."""
+        n = ids.shape[0]
         Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
         group = Hq // Hkv
         cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, n, D]
-        mask = self._mask(n, tree_mask)  # [n, n] over the new tokens only (every new token sees the whole cache)
         x = self.embed[ids]  # [n, H]
         for li, layer in enumerate(self.layers):
             h = self._rms(x, layer.norm_in)
@@ -247,23 +269,53 @@ class LeanLlama:
             q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
             q = self._rotate(q.view(n, Hq, D).transpose(0, 1), cos, sin)  # [Hq, n, D]
             k = self._rotate(k.view(n, Hkv, D).transpose(0, 1), cos, sin)  # [Hkv, n, D]
-            cache.k[li, :, past:total] = k
-            cache.v[li, :, past:total] = v.view(n, Hkv, D).transpose(0, 1)
-            keys, values = cache.k[li, :, :total], cache.v[li, :, :total]  # [Hkv, S, D]
+            cache.k[li, :, rows] = k
+            cache.v[li, :, rows] = v.view(n, Hkv, D).transpose(0, 1)
+            K, V = cache.k[li, :, :keys], cache.v[li, :, :keys]  # [Hkv, S, D]
             # query heads grouped under their key head: no copy of the cache per query head
             q = q.reshape(Hkv, group * n, D)
-            scores = torch.bmm(q, keys.transpose(1, 2)) * (D**-0.5)  # [Hkv, group n, S]
+            scores = torch.bmm(q, K.transpose(1, 2)) * (D**-0.5)  # [Hkv, group n, S]
             if mask is not None:
-                scores.view(Hkv, group, n, total)[..., past:].add_(mask)
+                scores.view(Hkv, group, n, keys)[..., mask_from:].add_(mask)
             probs = torch.softmax(scores.float(), dim=-1).to(self.dtype)
-            out = torch.bmm(probs, values)  # [Hkv, group n, D]
+            out = torch.bmm(probs, V)  # [Hkv, group n, D]
             out = out.view(Hq, n, D).transpose(0, 1).reshape(n, Hq * D)  # [n, Hq D]
             x = x + layer.o(out)
             h = self._rms(x, layer.norm_post)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [n, I] each
             x = x + layer.down(F.silu(gate) * up)
-        cache.length = total
         return self._rms(x, self.norm)  # [n, H]
+
+    # -- the static step -----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+             tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """A verification step: what `forward` computes, as a static step when `self.static` (the rows padded to
+        a bucket of STEP_BUCKETS, attention over the cache's whole capacity), which a GPU replays from a CUDA
+        graph: one launch instead of some twenty kernels per layer, each of which eager mode pays in Python."""
+        n = ids.shape[0]
+        bucket = next((b for b in STEP_BUCKETS if b >= n), None)
+        if not self.static or bucket is None:
+            return self.forward(ids, positions, cache, tree_mask)
+        past = cache.length
+        cache.reserve(past + bucket)  # the padding rows are written too, past the length, and never read
+        mask = self._mask(n, tree_mask)
+
+        def fill(inputs: StepInputs) -> None:
+            inputs.fill(ids, positions, past, mask)
+
+        if self.graphs is not None:
+            hidden = self.graphs.replay(cache, bucket, fill)[:n].clone()  # the graph's output is overwritten next step
+        else:
+            inputs = StepInputs.empty(bucket, cache.capacity, self.dtype, self.device)
+            fill(inputs)
+            hidden = self._static(inputs, cache)[:n]
+        cache.length = past + n
+        return hidden
+
+    def _static(self, inputs: "StepInputs", cache: KVCache) -> torch.Tensor:
+        """The static step: every shape fixed by the bucket and the cache's capacity, no host-side decision."""
+        return self._layers(inputs.ids, inputs.positions, cache, inputs.slots, cache.capacity, inputs.mask, 0)
 
     def _mask(self, n: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         if n == 1:
@@ -274,3 +326,82 @@ class LeanLlama:
             self._causal = torch.full((n, n), torch.finfo(self.dtype).min, dtype=self.dtype,
                                       device=self.device).triu_(1)
         return self._causal[:n, :n]
+
+
+@dataclass
+class StepInputs:
+    """A static step's inputs, written in place before each step (a captured graph reads them where they are)."""
+
+    ids: torch.Tensor  # [b]
+    positions: torch.Tensor  # [b]
+    slots: torch.Tensor  # [b] the cache rows the b tokens' keys and values go to
+    mask: torch.Tensor  # [b, C] additive, over every row of the cache
+
+    @classmethod
+    def empty(cls, bucket: int, capacity: int, dtype: torch.dtype, device: torch.device) -> "StepInputs":
+        ids = torch.zeros(bucket, dtype=torch.long, device=device)
+        return cls(ids, ids.clone(), ids.clone(), torch.zeros(bucket, capacity, dtype=dtype, device=device))
+
+    def fill(self, ids: torch.Tensor, positions: torch.Tensor, past: int, mask: torch.Tensor | None) -> None:
+        """n real tokens at cache rows past.., then padding: token 0 at position 0, seeing the cached rows and
+        itself (a row that sees nothing would turn to NaN and write NaN keys into the cache)."""
+        n, bucket = ids.shape[0], self.ids.shape[0]
+        self.ids.zero_()
+        self.ids[:n] = ids
+        self.positions.zero_()
+        self.positions[:n] = positions
+        torch.arange(past, past + bucket, out=self.slots)
+        self.mask.fill_(torch.finfo(self.mask.dtype).min)
+        self.mask[:, :past] = 0
+        self.mask[:, past : past + bucket].fill_diagonal_(0)
+        if mask is not None:
+            self.mask[:n, past : past + n] = mask
+
+
+@dataclass
+class _Graph:
+    graph: "torch.cuda.CUDAGraph"
+    inputs: StepInputs
+    out: torch.Tensor  # [b, H]
+    cache: tuple[torch.Tensor, torch.Tensor]  # the storage the graph writes: alive while the graph may replay
+
+
+class StepGraphs:
+    """CUDA graphs of the static step, one per (cache storage, capacity, bucket), captured on first use.
+
+    A graph holds the addresses of the cache it was captured on, so a cache that grows (a new block) or another
+    document's cache gets graphs of its own; the least recently used are dropped past GRAPHS_KEPT."""
+
+    def __init__(self, lean: LeanLlama):
+        self.lean = lean
+        self.graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
+        self.captures = 0
+
+    def replay(self, cache: KVCache, bucket: int, fill: Callable[[StepInputs], None]) -> torch.Tensor:
+        key = (cache.k.data_ptr(), cache.capacity, bucket)
+        entry = self.graphs.get(key)
+        if entry is None:
+            inputs = StepInputs.empty(bucket, cache.capacity, self.lean.dtype, self.lean.device)
+            fill(inputs)
+            entry = self.graphs[key] = self._capture(cache, inputs)
+            while len(self.graphs) > GRAPHS_KEPT:
+                self.graphs.popitem(last=False)
+        else:
+            self.graphs.move_to_end(key)
+            fill(entry.inputs)
+        entry.graph.replay()
+        return entry.out
+
+    def _capture(self, cache: KVCache, inputs: StepInputs) -> _Graph:
+        device = self.lean.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the capture (cuBLAS handles, workspaces): the same step, twice
+            for _ in range(2):
+                self.lean._static(inputs, cache)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.lean._static(inputs, cache)
+        self.captures += 1
+        return _Graph(graph, inputs, out, (cache.k, cache.v))

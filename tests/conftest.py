@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ from rest_lsp.model import LoadedModel
 
 # Tiny models run faster on one thread, and the suite shares its 2 cores with language-server subprocesses.
 torch.set_num_threads(1)
+# Where the model fixtures run: the CPU, unless a GPU run of the exactness tests asks for another device
+# (REST_LSP_TEST_DEVICE=cuda; see benchmarks/gpu_check.sh).
+TEST_DEVICE = torch.device(os.environ.get("REST_LSP_TEST_DEVICE", "cpu"))
 
 
 def tiny_model(arch: str, vocab_size: int = 97, seed: int = 0, max_positions: int = 512) -> LoadedModel:
@@ -34,8 +38,8 @@ def tiny_model(arch: str, vocab_size: int = 97, seed: int = 0, max_positions: in
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     else:
         raise ValueError(arch)
-    model.eval()
-    return LoadedModel(model=model, tokenizer=None, device=torch.device("cpu"), dtype=torch.float32, name=arch)
+    model.eval().to(TEST_DEVICE)
+    return LoadedModel(model=model, tokenizer=None, device=TEST_DEVICE, dtype=torch.float32, name=arch)
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
@@ -47,7 +51,7 @@ def tiny(request) -> LoadedModel:
 def default_model() -> LoadedModel:
     from rest_lsp.model import load_model
 
-    return load_model(None, "cpu", "float32")
+    return load_model(None, str(TEST_DEVICE), "float32")
 
 
 def tiny_folder(path: Path) -> Path:

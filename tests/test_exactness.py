@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from rest_lsp.decoding import DecodeConfig, Decoder
+from rest_lsp.decoding import PACKED_CPU_STEP_COST, DecodeConfig, Decoder
 from rest_lsp.acceptance import PRIOR_SCALE, bucket
 from rest_lsp.datastore import Datastore
 from rest_lsp.drafts import ContextLookup, DraftMix, Proposal, NgramDrafts, NoDrafts, OutputStore, SuccessorTable, rest_drafts
@@ -14,7 +14,7 @@ N_NEW = 40
 
 
 def reference(loaded, prompt, n=N_NEW):
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=loaded.device)
     out = loaded.model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
     )
@@ -57,8 +57,11 @@ def draft_sources(prompt, truth, vocab, rnd):
     }
 
 
-# Both engines: our own forward over our own KV cache (Llama-family models), and transformers' over DynamicCache.
-ENGINES = [pytest.param(True, id="lean"), pytest.param(False, id="transformers")]
+# Every engine: our own forward over our own KV cache (Llama-family models), eager (the CPU's) and static (the GPU's:
+# steps padded to fixed shapes, replayed from CUDA graphs there), and transformers' forward over DynamicCache.
+ENGINES = [pytest.param(dict(lean=True, static=False), id="lean"),
+           pytest.param(dict(lean=True, static=True), id="lean-static"),
+           pytest.param(dict(lean=False), id="transformers")]
 
 
 def test_llama_family_runs_on_the_lean_engine(tiny):
@@ -72,8 +75,8 @@ def test_the_lean_engine_is_exact_on_packed_weights_and_on_plain_ones(tiny, pack
     F.linear is the path on GPUs and in other dtypes: both verify trees exactly."""
     from rest_lsp.lean_llama import LeanLlama, onednn_packs
 
-    if pack and not onednn_packs(torch.float32, torch.device("cpu")):
-        pytest.skip("this torch has no oneDNN")
+    if pack and not onednn_packs(torch.float32, tiny.device):
+        pytest.skip("oneDNN packs fp32 weights on a CPU only")
     vocab = tiny.model.config.vocab_size
     decoder = Decoder(tiny)
     decoder.lean = LeanLlama(decoder.model, decoder.max_context, pack=pack)
@@ -94,7 +97,7 @@ def test_the_lean_engine_is_exact_on_packed_weights_and_on_plain_ones(tiny, pack
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
 def test_greedy_rest_equals_generate(tiny, budget, lean):
     vocab = tiny.model.config.vocab_size
-    decoder = Decoder(tiny, lean=lean)
+    decoder = Decoder(tiny, **lean)
     stats = {}
     for seed in range(6):
         rnd = random.Random(seed * 100 + budget)
@@ -121,7 +124,7 @@ def test_cache_reuse_across_calls_stays_exact(tiny, lean):
     """The decoder keeps its cache between calls; prompts sharing a prefix, or not, must still decode exactly."""
     vocab = tiny.model.config.vocab_size
     rnd = random.Random(7)
-    decoder = Decoder(tiny, lean=lean)
+    decoder = Decoder(tiny, **lean)
     base = [rnd.randrange(vocab) for _ in range(20)]
     prompts = [base, base + [3], base[:10], base[:10] + [4, 5, 6], [9] + base, base + [3, 1]]
     for prompt in prompts:
@@ -168,7 +171,7 @@ def test_default_model_greedy_rest_equals_generate(default_model, lean):
     )
     prompt = tok.encode(prompt_text)
     truth = reference(default_model, prompt, 32)
-    decoder = Decoder(default_model, lean=lean)
+    decoder = Decoder(default_model, **lean)
     for source in (ContextLookup(), NgramDrafts([prompt + truth]), NgramDrafts([prompt + corrupted(truth, 3, 49152, random.Random(0))])):
         result = decoder.generate(prompt, source, DecodeConfig(max_new_tokens=32, budget=16))
         assert result.tokens == truth
@@ -211,7 +214,8 @@ def test_learned_acceptance_follows_what_the_model_accepts(tiny):
     rnd = random.Random(5)
     prompt = [rnd.randrange(vocab) for _ in range(16)]
     truth = reference(tiny, prompt, 120)
-    decoder = Decoder(tiny)  # the CPU step-cost curve: a node must earn its cost
+    decoder = Decoder(tiny)
+    decoder.step_cost = PACKED_CPU_STEP_COST  # a CPU's curve, on any device: a node must earn its cost
 
     liar = Oracle("liar", prompt, truth, vocab, ratio=1.0, wrong=True)
     first = decoder.generate(prompt, liar, DecodeConfig(max_new_tokens=40))
