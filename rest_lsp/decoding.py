@@ -137,6 +137,14 @@ def _outside_window(mask: torch.Tensor, positions: torch.Tensor, past: int, wind
     return mask.masked_fill(far[None, None], torch.finfo(mask.dtype).min)
 
 
+def _cache_keyword(model) -> str:
+    """The forward argument that takes a cache: `cache` in recent transformers (5.24), `past_key_values` in earlier
+    5.x releases (5.17), which recent ones still accept with a warning. A model ignores the other name silently."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _cached_length(cache: DynamicCache | KVCache) -> int:
     return cache.length if isinstance(cache, KVCache) else cache.get_seq_length()
 
@@ -222,6 +230,7 @@ class Decoder:
         self._cache: DynamicCache | None = None
         self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
         self.body, self.head = self._split_head()
+        self._cache_kw = _cache_keyword(self.model)
         # Llama-family models run on our own forward and KV cache (a flat, cheap step); others on transformers'.
         self.lean_unsupported = (
             "turned off" if not lean
@@ -298,7 +307,8 @@ class Decoder:
         if self.lean is not None:
             self.lean.forward(prompt.to(self.device), torch.arange(context, device=self.device), cache)
         else:
-            self.model(input_ids=prompt[None].to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
+            self.model(input_ids=prompt[None].to(self.device), **{self._cache_kw: cache}, use_cache=True,
+                       logits_to_keep=1)
 
         @torch.inference_mode()
         def run(tree: DraftTree) -> None:
@@ -467,7 +477,7 @@ class Decoder:
             if self.lean is not None:
                 self.lean.forward(ids, pos, self._cache)
             else:
-                self.model(input_ids=ids[None], position_ids=pos[None], cache=self._cache, use_cache=True,
+                self.model(input_ids=ids[None], position_ids=pos[None], **{self._cache_kw: self._cache}, use_cache=True,
                            logits_to_keep=1)
             self._cached.extend(part)
             self._rope_long = long
@@ -491,7 +501,7 @@ class Decoder:
             return self._head_at(tree, self.lean.step(ids, pos, cache, mask))
         ids = torch.tensor([tree.tokens], device=self.device)  # [1, n+1]
         pos = tree_position_ids(tree, past, self.device)  # [1, n+1]
-        kwargs = dict(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
+        kwargs = dict(input_ids=ids, position_ids=pos, use_cache=True, **{self._cache_kw: cache})
         if len(tree) > 1 or self.window is not None:
             # a lone root on a full cache is a plain step: one query sees the whole cache, no mask to build
             kwargs["attention_mask"] = self._tree_mask(tree, past)  # [1, 1, n+1, past+n+1] (per layer type with windows)

@@ -297,6 +297,14 @@ def test_auto_dtype_is_bfloat16_on_a_cpu_that_computes_it(tmp_path, monkeypatch)
     assert pick_dtype("float32", CPU) == (torch.float32, None)  # the exact mode, always
 
 
+def test_auto_dtype_is_float32_on_a_gpu():
+    """Measured on an H200: the graphed step is no faster in bf16 for the default model, and bf16 changes half the
+    completions, so a GPU runs the exact mode unless asked otherwise."""
+    from rest_lsp.model import pick_dtype
+
+    assert pick_dtype("auto", torch.device("cuda")) == (torch.float32, None)
+
+
 def test_float32_always_runs():
     assert runnable_dtype(CPU, torch.float32, flags=set(), capability="DEFAULT") == (torch.float32, None)
 
