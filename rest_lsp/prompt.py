@@ -9,8 +9,9 @@ passes the start line of the document's last prompt (`keep_line`), and as long a
 text from there to the cursor fits the budget the window starts there again, so while
 the user types, consecutive prompts begin with the same tokens and the decoder reuses
 its KV cache instead of paying the whole prefill again (2-3 s with the default model).
-When it no longer fits, the new start takes only FILL of the budget, on a line whose
-number is a multiple of LINE_GRID: the next quarter of the budget typed keeps it.
+When it no longer fits (or the cursor went up to just below it: KEEP_MIN), the new
+start takes only FILL of the budget, on a line whose number is a multiple of LINE_GRID:
+the next quarter of the budget typed keeps it.
 Without a start to keep the choice depends on the text alone.
 
 On a cursor line with only whitespace before the cursor (the editor's auto-indent
@@ -37,6 +38,9 @@ CHARS_PER_TOKEN = 8
 LINE_GRID = 16
 # A new prefix window takes at most this share of its budget: the rest is room for the typing that keeps its start.
 FILL = 0.75
+# A kept start whose window would hold less than this share of the budget is replaced: the cursor went back up to
+# just below it, and the text above it is worth more to the model than the reused cache.
+KEEP_MIN = 0.5
 # A FIM prompt's hole starts on a line whose number is a multiple of this (see build_prompt), and the text from
 # there to the cursor, up to 1/MIDDLE_SHARE of the room, follows the middle marker.
 MIDDLE_GRID = 4
@@ -115,8 +119,9 @@ def _prefix_window(hf_tokenizer: Any, before: str, budget: int,
     """(window, its ids, its first line's number): a tail of `before` within `budget` tokens.
 
     The whole of `before` when it fits. Else the window that starts at line `keep_line` when that line is before
-    the cursor and the text from it fits. Else the longest tail that starts on a grid line and takes at most
-    FILL of the budget, so that the typing that follows keeps that start for a while."""
+    the cursor and the text from it fits, in KEEP_MIN of the budget at least. Else the longest tail that starts
+    on a grid line and takes at most FILL of the budget, so that the typing that follows keeps that start for a
+    while."""
     if budget <= 0:
         return "", [], before.count("\n")
     start = max(0, len(before) - budget * CHARS_PER_TOKEN)
@@ -128,7 +133,7 @@ def _prefix_window(hf_tokenizer: Any, before: str, budget: int,
         if kept is not None and kept < len(before) and len(before) - kept <= budget * CHARS_PER_TOKEN:
             window = before[kept:]
             kept_ids = list(hf_tokenizer(window, add_special_tokens=False)["input_ids"])
-            if len(kept_ids) <= budget:
+            if budget * KEEP_MIN <= len(kept_ids) <= budget:
                 return window, kept_ids, keep_line
     fill = max(1, int(budget * FILL))
     if len(ids) > fill:

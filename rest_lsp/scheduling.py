@@ -190,12 +190,14 @@ class RequestQueue:
     def moved(self, doc_id: str, before: str, after: str, then: Callable[[], None] | None = None) -> bool:
         """The cursor moved here without an edit: warm and guess here as after an edit, unless this is the last
         place expected (an edit's, or a request's just answered: its work is done or under way). `then` runs
-        first, under the lock, only when it is a new place. A guess elsewhere stops: the person left its place."""
+        first, under the lock, only when it is a new place. A guess elsewhere that no request shares stops: the
+        person left its place."""
         with self._cond:
             if self._last == (doc_id, before, after):
                 return False
             for job in (*self._queue, self._running):
-                if job is not None and job.guess and not job.is_for(doc_id, before, after):
+                if (job is not None and job.guess and not job.is_for(doc_id, before, after)
+                        and not job.has_waiters()):
                     job.cancel_event.set()
             if then is not None:
                 then()

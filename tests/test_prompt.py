@@ -104,9 +104,14 @@ def test_a_kept_start_that_no_longer_fits_or_is_not_above_the_cursor_is_replaced
     for keep in (0, 10, -3, text.count("\n") + 5, text.count("\n")):  # too far up, past the cursor, negative, empty
         p = build_prompt(hf, text, "", budget=800, fim=None, keep_line=keep)
         assert (p.start_line, p.ids) == (fresh.start_line, fresh.ids), keep
-    near = text.count("\n") - 20  # 20 lines fit: kept
+    near = text.count("\n") - 30  # 30 lines fit, and fill more than half the budget: kept
+    assert 400 <= _tokens(hf, text[_line_start(text, near):]) <= 800
     p = build_prompt(hf, text, "", budget=800, fim=None, keep_line=near)
     assert p.start_line == near and p.prefix == text[_line_start(text, near):]
+    # the cursor went up to a few lines below the kept start: the text above is worth more than the cache
+    up = text[:_line_start(text, near + 5)]
+    p = build_prompt(hf, up, "", budget=800, fim=None, keep_line=near)
+    assert p.start_line < near and len(p.ids) > 400
 
 
 def test_a_fim_prompt_keeps_its_start_too(tiny_models):
