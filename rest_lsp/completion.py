@@ -130,7 +130,9 @@ class CompletionService:
         self._prefetch_cancelled = 0
         self._guessed = 0  # suggestions computed at the last change before any request
         # doc_id -> the line where its last prompt's window started: every prompt for the document keeps it while
-        # it fits (prompt.py), so the warm-up, the guess and the request at one place build the same prompt
+        # it fits (prompt.py), so the warm-up, the guess and the request at one place build the same prompt. Every
+        # build stores its start, speculative ones too: two servers given the same requests build the same prompts
+        # as long as the same speculative jobs begin on both (a prefetch begun on one only can move the start)
         self._starts: OrderedDict[str, int] = OrderedDict()
         self._requests = RequestQueue(self._lock, self._complete, self._debounce_s,
                                       self._count_cancelled, self._completion_failed, warm=self._warm,
