@@ -7,7 +7,10 @@ file is opened, and the body is written again line by line, as a person with an 
     break, blank lines, and the next line's indentation);
   - mode `typed` (for when the suggestion was wrong): when the line-start suggestion's first line was not the
     true line, the person types the line's first 1-3 characters (seeded), then requests again;
-  - before each request the person pauses `--pause-ms` (3x right after opening a file).
+  - right after opening a file the person clicks where they will start writing (the first body line's start,
+    its indentation present: where the first request comes), and the client sends `restLsp/cursor` there,
+    as an editor with the rest-lsp extension does; typing sends didChange, so no other cursor notification;
+  - before each request the person pauses `--pause-ms` (3x right after opening a file, after the click).
 Blank lines are written without a request. Every request is timed from sent to reply received.
 
 The same request sequence goes to each configuration: `rest` (the server's defaults, REST on) and `plain`
@@ -265,6 +268,8 @@ class Person:
 
     async def write(self, uri: str, episode: Episode) -> None:
         self.session.open(uri, episode.opened)
+        first = episode.steps[0]
+        self.session.cursor(uri, types.Position(first.line, utf16_len(first.indent)))
         pause = 3 * self.pause_s
         for s, step in enumerate(episode.steps):
             await asyncio.sleep(pause)

@@ -1,6 +1,7 @@
 """The benchmarks' side of the real language server: one `rest-lsp` process over stdio, driven with pygls'
-LanguageClient as an editor would (didOpen, incremental didChange, textDocument/inlineCompletion), plus
-the server's `rest-lsp.stats` command to read what happened inside.
+LanguageClient as an editor would (didOpen, incremental didChange, textDocument/inlineCompletion, and the
+`restLsp/cursor` notification that the editor extensions send when the cursor moves), plus the server's
+`rest-lsp.stats` command to read what happened inside.
 
 Shared by bench_latency.py, bench_replay.py and bench_typing_storm.py; no benchmark logic here.
 """
@@ -21,6 +22,7 @@ from pygls.lsp.client import LanguageClient
 
 REPO = Path(__file__).resolve().parents[1]
 STATS_COMMAND = "rest-lsp.stats"
+CURSOR_NOTIFICATION = "restLsp/cursor"  # rest_lsp.server's: where the editor's cursor is now
 STDERR_TAIL_BYTES = 64_000  # what is kept of the server's stderr, for the error messages
 TRACEBACK = b"Traceback (most recent call last):"
 
@@ -177,6 +179,11 @@ class ServerSession:
         self.client.text_document_did_change(types.DidChangeTextDocumentParams(
             text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=self.version),
             content_changes=[types.TextDocumentContentChangePartial(range=types.Range(start=at, end=at), text=text)]))
+
+    def cursor(self, uri: str, at: types.Position) -> None:
+        """The editor's cursor moved to `at` without an edit (a click), as the editor extensions tell the server."""
+        self.client.protocol.notify(CURSOR_NOTIFICATION, {
+            "textDocument": {"uri": uri}, "position": {"line": at.line, "character": at.character}})
 
     def close(self, uri: str) -> None:
         self.client.text_document_did_close(types.DidCloseTextDocumentParams(

@@ -21,8 +21,11 @@ Latency rules:
     the typing speed (pacing.py);
   - background tokenizing (indexing, open buffers) uses its own copy of the tokenizer, so
     prompt building never waits for it;
-  - warm before asked: while idle, the decoding thread prefills the prompt of the last change
-    or request, in small chunks that give way to a request at once;
+  - warm before asked: while idle, the decoding thread prefills the prompt of the last change,
+    request or cursor move the editor reported (`moved`: a file just opened has no change to go
+    by), in small chunks that give way to a request at once;
+  - a prompt window that moves rarely: each document's prompts keep the window start of its last
+    prompt while the text from there fits (prompt.py), so typing rarely costs a whole prefill;
   - a KV cache per document (document_caches.py): switching back to a file prefills only
     what changed in it.
 
@@ -37,6 +40,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
 
@@ -60,6 +64,8 @@ OUTPUT_CONTEXT_TOKENS = 32  # prompt tokens stored before each output, so drafts
 SAVE_ACCEPTANCE_EVERY = 16  # completions between saves of the learned acceptance table
 # Tokens per warm-up prefill pass: a request arriving meanwhile waits for at most one (~0.2 s, default model, CPU).
 PREWARM_CHUNK = 64
+# Documents whose prompt window start is kept (the most recently prompted): more are rarely typed in by turns.
+PROMPT_STARTS = 16
 
 
 class ServiceEvents(Protocol):
@@ -123,6 +129,11 @@ class CompletionService:
         self._prefetch_hits = 0
         self._prefetch_cancelled = 0
         self._guessed = 0  # suggestions computed at the last change before any request
+        # doc_id -> the line where its last prompt's window started: every prompt for the document keeps it while
+        # it fits (prompt.py), so the warm-up, the guess and the request at one place build the same prompt. Every
+        # build stores its start, speculative ones too: two servers given the same requests build the same prompts
+        # as long as the same speculative jobs begin on both (a prefetch begun on one only can move the start)
+        self._starts: OrderedDict[str, int] = OrderedDict()
         self._requests = RequestQueue(self._lock, self._complete, self._debounce_s,
                                       self._count_cancelled, self._completion_failed, warm=self._warm,
                                       idle=self._idle_job, guess=self._guess_job)
@@ -325,6 +336,20 @@ class CompletionService:
             self._prefetch.keep_wishes_after(doc_id, text[:offset], text[offset:])
         self._requests.expect(doc_id, text[:offset], text[offset:])
 
+    def moved(self, doc_id: str, text: str, offset: int) -> bool:
+        """The editor's cursor moved to character `offset` of `text` with no edit (a click, the arrow keys, a file
+        just opened): the next request will likely come there, so its prompt is warmed and its suggestion guessed
+        as after an edit. Nothing happens at the place last expected (that of the last edit, or of a request just
+        answered): its work is done or under way. True when the place was new."""
+        offset = max(0, min(offset, len(text)))
+        before, after = text[:offset], text[offset:]
+
+        def keep_wishes() -> None:
+            self._prefetch.keep_wishes_after(doc_id, before, after)
+
+        with self._lock:
+            return self._requests.moved(doc_id, before, after, keep_wishes)
+
     def cancel(self, doc_id: str) -> None:
         """The document changed: stop the work for it (its requests answer None). Sets the typing pace."""
         with self._lock:
@@ -401,12 +426,20 @@ class CompletionService:
             return NoDrafts()
         return rest_drafts(datastore, suffix=suffix, outputs=outputs, recycle=recycle, exclude=settings.draft_exclude)
 
-    def _prompt(self, model, s: Settings, before: str, after: str) -> Prompt:
+    def _prompt(self, model, s: Settings, doc_id: str, before: str, after: str) -> Prompt:
         # The decoder refuses prompts that cannot fit with the new tokens and one draft tree.
         budget = min(s.context_tokens, model.decoder.max_context - s.max_new_tokens - s.draft_budget - 1)
+        with self._lock:
+            keep = self._starts.get(doc_id)
         with self._tok_lock:
-            return build_prompt(model.loaded.tokenizer.hf, before, after, budget=budget, fim=model.fim,
-                                suffix_fraction=s.suffix_fraction)
+            prompt = build_prompt(model.loaded.tokenizer.hf, before, after, budget=budget, fim=model.fim,
+                                  suffix_fraction=s.suffix_fraction, keep_line=keep)
+        with self._lock:
+            self._starts[doc_id] = prompt.start_line
+            self._starts.move_to_end(doc_id)
+            while len(self._starts) > PROMPT_STARTS:
+                self._starts.popitem(last=False)
+        return prompt
 
     def _warm(self, expected: Expected, wanted) -> None:
         """Idle work on the decoding thread: prefill what a request at `expected` would, in PREWARM_CHUNK pieces,
@@ -415,7 +448,8 @@ class CompletionService:
             model, s = self._model, self.settings
             if model is None or self._closed:
                 return
-        ids = self._prompt(model, s, expected.before, expected.after).ids[:-1]  # generate prefills all but one
+        # generate prefills all but one
+        ids = self._prompt(model, s, expected.doc_id, expected.before, expected.after).ids[:-1]
         if not ids or wanted():
             return
         model.documents.use(model.decoder, expected.doc_id, s.document_cache_mb << 20)
@@ -440,7 +474,7 @@ class CompletionService:
             model, datastore, s = self._model, self._datastore, self.settings
         loaded, decoder, fim, stop_ids = model.loaded, model.decoder, model.fim, model.stop_ids
         config = DecodeConfig(max_new_tokens=s.max_new_tokens, budget=s.draft_budget)
-        prompt = self._prompt(model, s, job.before, job.after)
+        prompt = self._prompt(model, s, job.doc_id, job.before, job.after)
         with self._tok_lock:
             # Without FIM the prompt leaves out the text after the cursor; what follows it there is often what
             # the model writes next (a line being re-typed, a call matching a definition below): a draft source.

@@ -4,9 +4,15 @@ Models trained for fill-in-the-middle get prefix and suffix in their own templat
 (detected from the tokenizer's vocabulary), the hole starting a few lines above the cursor
 so that typing leaves the suffix's cached KV valid; other models get the prefix only.
 
-The prefix window starts at a line start chosen on a coarse grid of line numbers,
-so that while the user types, consecutive prompts begin with the same tokens and
-the decoder can reuse its KV cache instead of paying the whole prefill again.
+The prefix window starts at a line start, and stays there while it can: the caller
+passes the start line of the document's last prompt (`keep_line`), and as long as the
+text from there to the cursor fits the budget the window starts there again, so while
+the user types, consecutive prompts begin with the same tokens and the decoder reuses
+its KV cache instead of paying the whole prefill again (2-3 s with the default model).
+When it no longer fits (or the cursor went up to just below it: KEEP_MIN), the new
+start takes only FILL of the budget, on a line whose number is a multiple of LINE_GRID:
+the next quarter of the budget typed keeps it.
+Without a start to keep the choice depends on the text alone.
 
 On a cursor line with only whitespace before the cursor (the editor's auto-indent
 at a body start), the prompt ends at the last character with content, before the
@@ -27,9 +33,14 @@ from typing import Any
 # Never tokenize more than this many characters per budgeted token: a 5 MB file
 # costs the same as a small one.
 CHARS_PER_TOKEN = 8
-# The prefix window starts on a line number that is a multiple of this, so it moves
-# once per LINE_GRID lines typed rather than with every keystroke.
+# A new prefix window starts on a line number that is a multiple of this, so that a start chosen afresh (no
+# start to keep, or the kept one no longer fits) is the same for nearby cursors.
 LINE_GRID = 16
+# A new prefix window takes at most this share of its budget: the rest is room for the typing that keeps its start.
+FILL = 0.75
+# A kept start whose window would hold less than this share of the budget is replaced: the cursor went back up to
+# just below it, and the text above it is worth more to the model than the reused cache.
+KEEP_MIN = 0.5
 # A FIM prompt's hole starts on a line whose number is a multiple of this (see build_prompt), and the text from
 # there to the cursor, up to 1/MIDDLE_SHARE of the room, follows the middle marker.
 MIDDLE_GRID = 4
@@ -84,6 +95,7 @@ class Prompt:
     suffix: str  # the text after the cursor that the prompt holds ("" without FIM)
     fim: Fim | None
     held: str = ""  # whitespace before the cursor left out of the prompt (see `held_back`)
+    start_line: int = 0  # the 0-based line of `before` where the prefix window starts: the next `keep_line`
 
 
 def held_back(before: str) -> str:
@@ -102,16 +114,30 @@ def _offsets(hf_tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, i
     return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
 
-def _prefix_window(hf_tokenizer: Any, before: str, budget: int) -> tuple[str, list[int]]:
-    """The longest tail of `before` that starts on a grid line and fits in `budget` tokens."""
+def _prefix_window(hf_tokenizer: Any, before: str, budget: int,
+                   keep_line: int | None = None) -> tuple[str, list[int], int]:
+    """(window, its ids, its first line's number): a tail of `before` within `budget` tokens.
+
+    The whole of `before` when it fits. Else the window that starts at line `keep_line` when that line is before
+    the cursor and the text from it fits, in KEEP_MIN of the budget at least. Else the longest tail that starts
+    on a grid line and takes at most FILL of the budget, so that the typing that follows keeps that start for a
+    while."""
     if budget <= 0:
-        return "", []
+        return "", [], before.count("\n")
     start = max(0, len(before) - budget * CHARS_PER_TOKEN)
     ids, offsets = _offsets(hf_tokenizer, before[start:])
-    if len(ids) > budget:
-        need = start + offsets[len(ids) - budget][0]  # first character the budget allows
-    elif start == 0:
-        return before, ids
+    if start == 0 and len(ids) <= budget:
+        return before, ids, 0
+    if keep_line is not None and 0 <= keep_line <= before.count("\n"):
+        kept = _line_start(before, keep_line, 0)
+        if kept is not None and kept < len(before) and len(before) - kept <= budget * CHARS_PER_TOKEN:
+            window = before[kept:]
+            kept_ids = list(hf_tokenizer(window, add_special_tokens=False)["input_ids"])
+            if budget * KEEP_MIN <= len(kept_ids) <= budget:
+                return window, kept_ids, keep_line
+    fill = max(1, int(budget * FILL))
+    if len(ids) > fill:
+        need = start + offsets[len(ids) - fill][0]  # first character the filled share allows
     else:
         need = start
     line = before.count("\n", 0, need)
@@ -126,7 +152,7 @@ def _prefix_window(hf_tokenizer: Any, before: str, budget: int) -> tuple[str, li
     ids = list(hf_tokenizer(window, add_special_tokens=False)["input_ids"])
     if len(ids) > budget:  # retokenizing merged differently: the tail is always valid
         ids = ids[-budget:]
-    return window, ids
+    return window, ids, before.count("\n", 0, cut)
 
 
 def _line_start(text: str, line: int, at_least: int) -> int | None:
@@ -164,7 +190,8 @@ def _suffix_window(hf_tokenizer: Any, after: str, budget: int) -> tuple[str, lis
 
 
 def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
-                 fim: Fim | None, suffix_fraction: float = 0.25, split_line: bool = True) -> Prompt:
+                 fim: Fim | None, suffix_fraction: float = 0.25, split_line: bool = True,
+                 keep_line: int | None = None) -> Prompt:
     """Prompt ids for a cursor between `before` and `after`.
 
     With FIM: `suffix_fraction` of the budget goes to the suffix, what it leaves to the prefix. The hole starts
@@ -173,6 +200,8 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
     cursor): typing then changes only the prompt's last tokens, and the decoder's cache keeps the suffix, which
     a hole at the cursor would make it prefill again at every keystroke.
     The prompt ends before the whitespace that `held_back` names.
+    The prefix window starts at line `keep_line` (the last prompt's `start_line`) while the text from there fits;
+    a line number past the cursor's, or negative, is ignored (see the module's note).
     """
     held = held_back(before)
     before = before[: len(before) - len(held)]
@@ -180,16 +209,16 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
     if getattr(hf_tokenizer, "add_bos_token", False) and hf_tokenizer.bos_token_id is not None:
         bos = [hf_tokenizer.bos_token_id]
     if fim is None:
-        prefix, prefix_ids = _prefix_window(hf_tokenizer, before, budget - len(bos))
-        return Prompt(bos + prefix_ids, prefix, "", None, held)
+        prefix, prefix_ids, start = _prefix_window(hf_tokenizer, before, budget - len(bos), keep_line)
+        return Prompt(bos + prefix_ids, prefix, "", None, held, start)
     room = budget - len(bos) - 3  # the three FIM markers
     line, line_ids = _middle_so_far(hf_tokenizer, before, room // MIDDLE_SHARE) if split_line else ("", [])
     # the suffix's share does not depend on the middle's length, so that typing leaves the suffix as it is
     suffix, suffix_ids = _suffix_window(hf_tokenizer, after, int(room * suffix_fraction))
-    prefix, prefix_ids = _prefix_window(hf_tokenizer, before[: len(before) - len(line)],
-                                        room - len(suffix_ids) - len(line_ids))
+    prefix, prefix_ids, start = _prefix_window(hf_tokenizer, before[: len(before) - len(line)],
+                                               room - len(suffix_ids) - len(line_ids), keep_line)
     ids = bos + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id] + line_ids
-    return Prompt(ids, prefix + line, suffix, fim, held)
+    return Prompt(ids, prefix + line, suffix, fim, held, start)
 
 
 def _middle_so_far(hf_tokenizer: Any, before: str, budget: int) -> tuple[str, list[int]]:

@@ -12,7 +12,8 @@ stops after the decoding step it is in), unless the request is for the identical
 request shares it. A change to the document that can still lead to its place does not stop it (accepting the
 shown suggestion, or typing it over, is such a change, and the job computes what comes after it); any other
 change does (`expect`), as do the wishes not yet started. Otherwise it warms the decoder's cache for
-the place the next request will most likely come from (`expect`), asking between small chunks whether a
+the place the next request will most likely come from (`expect`: an edit, a request, or a cursor the editor
+moved there, `moved`), asking between small chunks whether a
 request came in, and giving way to it at once; once warm, it computes the suggestion for that place too (`guess`:
 a person who stops typing asks there next). A guess waits the debounce first, and any change to its document or
 any request elsewhere stops it; a request for the identical text and cursor shares it.
@@ -147,6 +148,7 @@ class RequestQueue:
         self._queue: deque[Job] = deque()
         self._running: Job | None = None
         self._expected: Expected | None = None
+        self._last: tuple[str, str, str] | None = None  # the last place expected, kept after the thread takes it
         self._closed = False
         self.thread = threading.Thread(target=self._work, name="rest-lsp-decoder", daemon=True)
         self.thread.start()
@@ -179,10 +181,28 @@ class RequestQueue:
                 if (job is not None and job.speculative and not job.guess and job.doc_id == doc_id
                         and not leads_to(before, after, job.before, job.after)):
                     job.cancel_event.set()
+            self._last = (doc_id, before, after)
             if self._warm is None:
                 return
             self._expected = Expected(doc_id, before, after, edited)
             self._cond.notify_all()
+
+    def moved(self, doc_id: str, before: str, after: str, then: Callable[[], None] | None = None) -> bool:
+        """The cursor moved here without an edit: warm and guess here as after an edit, unless this is the last
+        place expected (an edit's, or a request's just answered: its work is done or under way). `then` runs
+        first, under the lock, only when it is a new place. A guess elsewhere that no request shares stops: the
+        person left its place."""
+        with self._cond:
+            if self._last == (doc_id, before, after):
+                return False
+            for job in (*self._queue, self._running):
+                if (job is not None and job.guess and not job.is_for(doc_id, before, after)
+                        and not job.has_waiters()):
+                    job.cancel_event.set()
+            if then is not None:
+                then()
+            self.expect(doc_id, before, after)
+            return True
 
     def wanted(self) -> bool:
         """A job is waiting (or the queue closes): idle work must give way."""

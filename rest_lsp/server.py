@@ -36,6 +36,9 @@ ACCEPT_COMMAND = "rest-lsp.accept"
 STATS_COMMAND = "rest-lsp.stats"
 DRAFTS_COMMAND = "rest-lsp.drafts"
 LABEL_CHARS = 60
+# Our notification: the editor's cursor moved (params: textDocument.uri, position), where the next request will
+# likely come; a file just opened has no edit to tell it.
+CURSOR_NOTIFICATION = "restLsp/cursor"
 
 
 # LSP counts lines at \n, \r\n and \r only; str.splitlines also splits at \f, \v, \x1c-\x1e, \x85, \u2028, \u2029.
@@ -193,6 +196,22 @@ async def _complete(ls: RestLanguageServer, uri: str, position: types.Position):
     return completion, pos
 
 
+def _hinted_cursor(ls: RestLanguageServer, params: Any) -> tuple[str, str, int] | None:
+    """(uri, text, offset) of a cursor notification, or None when its params do not name a place in an open
+    document (a position past the end is not clamped: a stale hint must not warm a place nobody is at)."""
+    uri = getattr(getattr(params, "textDocument", None), "uri", None)
+    position = getattr(params, "position", None)
+    line, character = getattr(position, "line", None), getattr(position, "character", None)
+    if not isinstance(uri, str) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                           for n in (line, character)):
+        return None
+    asked = types.Position(line=line, character=character)
+    found = _cursor(ls, uri, asked)
+    if found is None or found[2] != asked:
+        return None
+    return uri, found[0], found[1]
+
+
 async def _pull_settings(ls: RestLanguageServer) -> Any:
     """Our section of the client's configuration, or None when the client cannot or will not say."""
     workspace = ls.client_capabilities.workspace
@@ -262,6 +281,14 @@ def create_server(settings: Settings | None = None) -> RestLanguageServer:
             where = _changed_at(ls, uri, params)
             if where is not None:
                 ls.service.expect(uri, doc.source, where)
+
+    @server.feature(CURSOR_NOTIFICATION)
+    def cursor_moved(ls: RestLanguageServer, params: Any) -> None:
+        found = _hinted_cursor(ls, params)
+        if found is None:
+            log.debug("%s ignored: %r", CURSOR_NOTIFICATION, params)
+        elif ls.service is not None:
+            ls.service.moved(*found)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: RestLanguageServer, params: types.DidCloseTextDocumentParams) -> None:

@@ -4,6 +4,7 @@ time budget and the adaptive debounce. Real tiny models (conftest_server); the d
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,66 @@ def test_the_place_of_a_request_just_answered_is_not_guessed_again(tiny_models, 
         svc.expect("mem://x.py", "y = ", 4)  # an edit elsewhere: its guess runs after anything left at n.py
         wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the guess at the edit")
         assert len(generate_calls) == 3  # the request, its prefetch, the guess at the edit: none at n.py
+    finally:
+        svc.close()
+
+
+def test_a_cursor_the_editor_moved_has_its_suggestion_ready_before_it_is_asked(tiny_models, generate_calls):
+    svc = _service(tiny_models["random"])
+    try:
+        before, after = PREAMBLE + BEFORE, AFTER
+        # a file just opened, the person clicked here: no edit tells the server where the request will come
+        assert svc.moved("mem://m.py", before + after, len(before))
+        wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the cursor")
+        stats = svc.stats()
+        assert len(generate_calls) == 1 and stats["prewarm_tokens"] > 0
+        future = svc.submit("mem://m.py", before + after, len(before)).future
+        assert future.done()  # answered inside submit: never queued for the decoder
+        hit = future.result()
+        assert hit is not None and hit.source == "prefetch" and (hit.tokens, hit.steps) == (0, 0)
+        assert hit.text == greedy(tiny_models["random"], before, after, MAX_NEW)  # what decoding would give
+        assert svc.stats()["completions_decoded"] == 0
+    finally:
+        svc.close()
+
+
+def test_a_cursor_at_the_place_last_expected_starts_no_work(tiny_models, generate_calls):
+    svc = _service(tiny_models["random"], suggestion_cache_size=0)  # no cache that would make a guess needless
+    try:
+        before, after = PREAMBLE + BEFORE, AFTER
+        assert _submit(svc, "mem://k.py", before, after) is not None
+        wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch after the answer")
+        # the editor reports the cursor where it asked: the answer is known
+        assert not svc.moved("mem://k.py", before + after, len(before))
+        time.sleep(0.5)  # a guess would have begun by now: nothing else runs
+        assert len(generate_calls) == 2 and svc.stats()["guessed"] == 0
+        # an edit, then the cursor the edit left: the edit's guess alone
+        svc.expect("mem://k.py", "y = " + before + after, len(before) + 4)
+        assert not svc.moved("mem://k.py", "y = " + before + after, len(before) + 4)
+        wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the guess at the edit")
+        time.sleep(0.5)
+        assert len(generate_calls) == 3 and svc.stats()["guessed"] == 1
+        # elsewhere in the document: a new place
+        assert svc.moved("mem://k.py", "y = " + before + after, 2)
+        wait_for(lambda: svc.stats()["guessed"] == 2, 60, "the guess at the cursor")
+    finally:
+        svc.close()
+
+
+def test_consecutive_requests_down_a_file_keep_the_start_of_their_prompt(tiny_models, generate_calls):
+    svc = _service(tiny_models["random"], prefetch=False, suggestion_cache_size=0)
+    try:
+        text = "".join(f"def helper_{i}(value):\n    return value * {i}\n\n" for i in range(60))  # > 1,024 tokens
+        prefills = []
+        for i in range(48):
+            text += f"total_{i} = helper_{i % 12}({i})\n"
+            filled = svc.stats()["prefill_tokens"]
+            _submit(svc, "mem://down.py", text, "")
+            prefills.append(svc.stats()["prefill_tokens"] - filled)
+        # a line typed costs its own tokens (and the last output's), a moved window the whole prompt: when the whole
+        # text no longer fits, then once per quarter of the window typed (~20 of these lines), where the grid alone
+        # (a fresh start at each request) moved it every ~7 lines
+        assert len([n for n in prefills[1:] if n > 300]) <= 2 and sorted(prefills)[len(prefills) // 2] < 40, prefills
     finally:
         svc.close()
 

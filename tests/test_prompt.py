@@ -1,11 +1,11 @@
-"""Prompt building: token budget, stable window start, FIM templates from the vocabulary."""
+"""Prompt building: token budget, a window start that moves rarely, FIM templates from the vocabulary."""
 
 
 import pytest
 from transformers import AutoTokenizer
 
 from conftest_server import tiny_models  # noqa: F401  (fixture)
-from rest_lsp.prompt import LINE_GRID, build_prompt, detect_fim
+from rest_lsp.prompt import FILL, LINE_GRID, build_prompt, detect_fim
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,74 @@ def test_typing_keeps_the_window_start(hf):
     while common < min(len(a.ids), len(b.ids)) and a.ids[common] == b.ids[common]:
         common += 1
     assert common >= len(a.ids) - 3
+
+
+def _tokens(hf, text: str) -> int:
+    return len(hf(text, add_special_tokens=False)["input_ids"])
+
+
+def _line_start(text: str, line: int) -> int:
+    return sum(len(t) for t in text.splitlines(keepends=True)[:line])
+
+
+def test_a_new_window_fills_three_quarters_of_the_budget(hf):
+    text = source(400)
+    p = build_prompt(hf, text, "", budget=800, fim=None)
+    longest_line = max(_tokens(hf, line) for line in text.splitlines(keepends=True))
+    # on a grid line: at most LINE_GRID lines short of the share
+    assert 600 - LINE_GRID * longest_line < len(p.ids) <= 600  # 3/4 of 800
+    assert p.start_line == text.count("\n", 0, len(text) - len(p.prefix)) and p.start_line % LINE_GRID == 0
+    assert build_prompt(hf, "x = 1\ny = ", "", budget=800, fim=None).start_line == 0  # all of it fits
+
+
+def test_typing_line_after_line_keeps_the_start_until_it_no_longer_fits(hf):
+    text, budget = source(100), 800
+    start, starts = None, []
+    for i in range(40):
+        text += f"typed_{i} = compute({i}, name='line {i}')\n"
+        p = build_prompt(hf, text, "", budget=budget, fim=None, keep_line=start)
+        assert 0 < len(p.ids) <= budget and text.endswith(p.prefix)
+        assert p.start_line == text.count("\n", 0, len(text) - len(p.prefix))
+        if start is not None and p.start_line != start:
+            assert _tokens(hf, text[_line_start(text, start):]) > budget  # it moved only when it had to
+            assert len(p.ids) <= FILL * budget  # ... to a start that leaves room
+        start = p.start_line
+        starts.append(start)
+    moves = len(set(starts)) - 1
+    # a quarter of the budget typed per move at least: 40 lines of ~15 tokens are 600 tokens
+    assert 1 <= moves <= 600 // (budget // 4) + 1, starts
+    # without a start to keep, the window moves on the grid, while the kept one still fits
+    fresh = [build_prompt(hf, source(100) + "".join(f"typed_{j} = compute({j}, name='line {j}')\n"
+                                                     for j in range(i + 1)), "", budget=budget, fim=None).start_line
+             for i in range(40)]
+    assert fresh != starts
+
+
+def test_a_kept_start_that_no_longer_fits_or_is_not_above_the_cursor_is_replaced(hf):
+    text = source(400)
+    fresh = build_prompt(hf, text, "", budget=800, fim=None)
+    for keep in (0, 10, -3, text.count("\n") + 5, text.count("\n")):  # too far up, past the cursor, negative, empty
+        p = build_prompt(hf, text, "", budget=800, fim=None, keep_line=keep)
+        assert (p.start_line, p.ids) == (fresh.start_line, fresh.ids), keep
+    near = text.count("\n") - 30  # 30 lines fit, and fill more than half the budget: kept
+    assert 400 <= _tokens(hf, text[_line_start(text, near):]) <= 800
+    p = build_prompt(hf, text, "", budget=800, fim=None, keep_line=near)
+    assert p.start_line == near and p.prefix == text[_line_start(text, near):]
+    # the cursor went up to a few lines below the kept start: the text above is worth more than the cache
+    up = text[:_line_start(text, near + 5)]
+    p = build_prompt(hf, up, "", budget=800, fim=None, keep_line=near)
+    assert p.start_line < near and len(p.ids) > 400
+
+
+def test_a_fim_prompt_keeps_its_start_too(tiny_models):
+    hf = AutoTokenizer.from_pretrained(str(tiny_models["random"]), local_files_only=True)
+    hf.add_special_tokens({"additional_special_tokens": ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]})
+    fim = detect_fim(hf)
+    before, after = source(300), "\n" + source(50)
+    first = build_prompt(hf, before, after, budget=400, fim=fim)
+    typed = build_prompt(hf, before + source(3), after, budget=400, fim=fim, keep_line=first.start_line)
+    assert len(typed.ids) <= 400 and typed.start_line == first.start_line
+    assert typed.ids[: len(first.ids) // 2] == first.ids[: len(first.ids) // 2]
 
 
 def test_huge_single_line_and_binary_text_stay_in_budget(hf):

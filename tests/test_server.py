@@ -15,7 +15,7 @@ from pytest_lsp import make_test_lsp_client
 from conftest_server import (  # noqa: F401  (tiny_models is a fixture)
     capabilities, command, cursor_at_end, greedy, inline, open_doc, server_command, start, tiny_models, wait_until)
 from step_gate import FileGate
-from rest_lsp.server import ACCEPT_COMMAND, DRAFTS_COMMAND, STATS_COMMAND
+from rest_lsp.server import ACCEPT_COMMAND, CURSOR_NOTIFICATION, DRAFTS_COMMAND, STATS_COMMAND
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -134,6 +134,61 @@ async def test_an_edit_warms_the_prompt_of_a_request_there(session):
     result = await inline(client, uri, line + 1, len("y = step_"))
     assert (await command(client, STATS_COMMAND))["prefill_tokens"] == prefilled  # all of it computed ahead
     assert [i.insert_text for i in result.items] == [greedy(model_dir, text + "y = step_", "", MAX_NEW)]
+
+
+def _cursor_hint(client, params) -> None:
+    client.protocol.notify(CURSOR_NOTIFICATION, params)
+
+
+def _at(uri: str, line: int, character: int) -> dict:
+    return {"textDocument": {"uri": uri}, "position": {"line": line, "character": character}}
+
+
+async def _stats_when(client, check, what: str, timeout: float = 60):
+    async def met():
+        stats = await command(client, STATS_COMMAND)
+        return stats if check(stats) else None
+
+    stats = await wait_until(met, timeout=timeout)
+    assert stats, f"timed out waiting for {what}"
+    return stats
+
+
+async def test_a_cursor_hint_after_opening_has_the_suggestion_ready_before_it_is_asked(session):
+    client, _, root, model_dir = session
+    uri = (root / "hinted.py").as_uri()
+    before = "def hinted(values):\n    return sum(values)\n\nresult = hinted("
+    open_doc(client, uri, before + AFTER)
+    start = await command(client, STATS_COMMAND)
+    _cursor_hint(client, _at(uri, *cursor_at_end(before)))  # the person clicked where they will write
+    await _stats_when(client, lambda s: s["guessed"] > start["guessed"], "the suggestion at the cursor")
+    ahead = await command(client, STATS_COMMAND)
+    result = await inline(client, uri, *cursor_at_end(before))
+    assert [i.insert_text for i in result.items] == [greedy(model_dir, before, AFTER, MAX_NEW)]
+    served = await command(client, STATS_COMMAND)
+    assert served["prefetch_hits"] == ahead["prefetch_hits"] + 1, served  # the guess, without decoding
+    assert served["completions_decoded"] == ahead["completions_decoded"]
+    # the editor reports the cursor where it just asked: the answer is known, nothing is guessed again
+    _cursor_hint(client, _at(uri, *cursor_at_end(before)))
+    await asyncio.sleep(0.5)
+    assert (await command(client, STATS_COMMAND))["guessed"] == served["guessed"]
+
+
+async def test_bad_cursor_hints_are_ignored(session):
+    client, _, root, model_dir = session
+    uri = (root / "hint-target.py").as_uri()
+    before = "def halve(n):\n    return n // 2\n\nhalf = halve("
+    open_doc(client, uri, before + AFTER)
+    start = await command(client, STATS_COMMAND)
+    for params in (_at((root / "never-opened.py").as_uri(), 0, 0), _at(uri, 40, 0), _at(uri, 0, 500),
+                   _at(uri, -1, 0), {"textDocument": {"uri": uri}}, {"position": {"line": 0, "character": 0}},
+                   {"textDocument": {"uri": uri}, "position": {"line": "3", "character": None}}, None, [1, 2]):
+        _cursor_hint(client, params)
+    _cursor_hint(client, _at(uri, *cursor_at_end(before)))  # still heard after all of them
+    await _stats_when(client, lambda s: s["guessed"] > start["guessed"], "the suggestion at the good hint")
+    result = await inline(client, uri, *cursor_at_end(before))
+    assert [i.insert_text for i in result.items] == [greedy(model_dir, before, AFTER, MAX_NEW)]
+    assert (await command(client, STATS_COMMAND))["ready"]
 
 
 async def _answer(request, what: str, timeout: float = 300):

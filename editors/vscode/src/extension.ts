@@ -18,6 +18,7 @@ import {
   ServerOptions,
   State,
 } from "vscode-languageclient/node";
+import { CURSOR_NOTIFICATION, CursorHints, CursorParams } from "./cursor";
 import { classifyChange, documentSelector, readSettings, RestLspSettings, serverLaunch, serverOptions } from "./settings";
 import { ServerLogReader } from "./serverlog";
 import { checkProgram, LaunchProblem, Probe, startFailureMessage } from "./startup";
@@ -72,6 +73,7 @@ class RestLspExtension implements vscode.Disposable {
   private lifecycle: Promise<void> = Promise.resolve();
   private statsInFlight = false;
   private stopping = false;
+  private readonly hints = new CursorHints((params) => this.sendCursor(params));
 
   constructor() {
     this.settings = this.read();
@@ -164,6 +166,7 @@ class RestLspExtension implements vscode.Disposable {
       }
     });
     this.client = client;
+    this.hints.reset();
     this.progress.reset();
     this.speed = {};
     this.setState({ kind: "starting" });
@@ -245,6 +248,29 @@ class RestLspExtension implements vscode.Disposable {
         return result;
       },
     };
+  }
+
+  /** The cursor of `editor` rests somewhere: the server warms the prompt there, for the request that follows (a
+   *  file just opened, a click, has no edit to tell it). Only an empty selection in the active editor, in a
+   *  document the client handles. */
+  cursorMoved(editor: vscode.TextEditor | undefined): void {
+    const client = this.client;
+    if (client === undefined || !client.isRunning() || editor === undefined) return;
+    if (editor !== vscode.window.activeTextEditor || editor.selections.length !== 1 || !editor.selection.isEmpty) return;
+    if (vscode.languages.match(documentSelector(this.settings.languages), editor.document) === 0) return;
+    const converter = client.code2ProtocolConverter;
+    this.hints.moved({
+      textDocument: converter.asTextDocumentIdentifier(editor.document),
+      position: converter.asPosition(editor.selection.active),
+    });
+  }
+
+  private sendCursor(params: CursorParams): void {
+    const client = this.client;
+    if (client === undefined || !client.isRunning()) return;
+    client.sendNotification(CURSOR_NOTIFICATION, params).catch((err: unknown) => {
+      this.output.warn(`[client] ${CURSOR_NOTIFICATION} failed: ${err instanceof Error ? err.message : err}`);
+    });
   }
 
   private forwardAccept(command: vscode.Command | undefined): vscode.Command | undefined {
@@ -347,6 +373,7 @@ class RestLspExtension implements vscode.Disposable {
   }
 
   dispose(): void {
+    this.hints.dispose();
     void this.stopNow();
     this.item.dispose();
     this.output.dispose();
@@ -367,6 +394,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.workspace.onDidChangeConfiguration((e) => {
       if (e.affectsConfiguration(SECTION)) void ext.onConfigurationChanged();
     }),
+    vscode.window.onDidChangeTextEditorSelection((e) => ext.cursorMoved(e.textEditor)),
+    vscode.window.onDidChangeActiveTextEditor((editor) => ext.cursorMoved(editor)),
   );
   await ext.start();
 }

@@ -3,7 +3,8 @@
 --   require("rest_lsp").setup({ filetypes = { "python", "lua" }, accept_key = "<Tab>" })
 --
 -- On Neovim 0.12+ the ghost text is vim.lsp.inline_completion's; on 0.11 it is this plugin's own
--- (rest_lsp.ghost).
+-- (rest_lsp.ghost). Where the cursor rests goes to the server too (rest_lsp.cursor), which prepares a suggestion
+-- there before it is asked.
 
 local M = {}
 
@@ -93,6 +94,7 @@ end
 
 local function on_attach(client, buf)
   local config = M.config
+  require("rest_lsp.cursor").attach(buf, CLIENT_NAME)
   if use_builtin(config) then
     vim.lsp.inline_completion.enable(true, { bufnr = buf })
     if config.accept_key then
