@@ -40,7 +40,6 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
 
@@ -49,7 +48,7 @@ from rest_lsp.feeding import DatastoreFeed, workspace_key
 from rest_lsp.postprocess import StopContext, stop_context, trim
 from rest_lsp.lifecycle import ServingModel, clamped, fit_context, load_serving_model
 from rest_lsp.pacing import LineBudget, TypingPace
-from rest_lsp.prompt import Prompt, build_prompt
+from rest_lsp.prompt import KeptStarts, Prompt, build_prompt
 from rest_lsp.scheduling import Completion, Expected, Job, RequestQueue, Ticket
 from rest_lsp.settings import Settings
 from rest_lsp.suggestion_cache import Prefetch, SuggestionCache
@@ -129,11 +128,9 @@ class CompletionService:
         self._prefetch_hits = 0
         self._prefetch_cancelled = 0
         self._guessed = 0  # suggestions computed at the last change before any request
-        # doc_id -> the line where its last prompt's window started: every prompt for the document keeps it while
-        # it fits (prompt.py), so the warm-up, the guess and the request at one place build the same prompt. Every
-        # build stores its start, speculative ones too: two servers given the same requests build the same prompts
-        # as long as the same speculative jobs begin on both (a prefetch begun on one only can move the start)
-        self._starts: OrderedDict[str, int] = OrderedDict()
+        # each document's prompt window start, moved by requests only (prompt.KeptStarts): warm-ups, guesses and
+        # the request at one place build the same prompt, and so do two servers given the same requests
+        self._starts = KeptStarts(PROMPT_STARTS)
         self._requests = RequestQueue(self._lock, self._complete, self._debounce_s,
                                       self._count_cancelled, self._completion_failed, warm=self._warm,
                                       idle=self._idle_job, guess=self._guess_job)
@@ -323,6 +320,10 @@ class CompletionService:
         """Ask for a completion at character `offset` of `text`; cancels the document's previous request, unless
         that one is for the identical text and cursor: then both share its computation."""
         offset = max(0, min(offset, len(text)))
+        with self._lock:
+            model, s = self._model, self.settings
+        if model is not None:
+            self._starts.asked(doc_id, text[:offset], text[offset:], self._prompt_maker(model, s))
         ticket = self._requests.submit(doc_id, text[:offset], text[offset:], self._answer_now)
         # the next one likely comes here again: keep its prompt warm (its answer is known, or nothing to show)
         self._requests.expect(doc_id, text[:offset], text[offset:], edited=False)
@@ -427,19 +428,19 @@ class CompletionService:
         return rest_drafts(datastore, suffix=suffix, outputs=outputs, recycle=recycle, exclude=settings.draft_exclude)
 
     def _prompt(self, model, s: Settings, doc_id: str, before: str, after: str) -> Prompt:
+        return self._starts.build(doc_id, before, after, self._prompt_maker(model, s))
+
+    def _prompt_maker(self, model, s: Settings):
+        """make(before, after, keep_line) -> Prompt for this model and settings."""
         # The decoder refuses prompts that cannot fit with the new tokens and one draft tree.
         budget = min(s.context_tokens, model.decoder.max_context - s.max_new_tokens - s.draft_budget - 1)
-        with self._lock:
-            keep = self._starts.get(doc_id)
-        with self._tok_lock:
-            prompt = build_prompt(model.loaded.tokenizer.hf, before, after, budget=budget, fim=model.fim,
-                                  suffix_fraction=s.suffix_fraction, keep_line=keep)
-        with self._lock:
-            self._starts[doc_id] = prompt.start_line
-            self._starts.move_to_end(doc_id)
-            while len(self._starts) > PROMPT_STARTS:
-                self._starts.popitem(last=False)
-        return prompt
+
+        def make(before: str, after: str, keep: int | None) -> Prompt:
+            with self._tok_lock:
+                return build_prompt(model.loaded.tokenizer.hf, before, after, budget=budget, fim=model.fim,
+                                    suffix_fraction=s.suffix_fraction, keep_line=keep)
+
+        return make
 
     def _warm(self, expected: Expected, wanted) -> None:
         """Idle work on the decoding thread: prefill what a request at `expected` would, in PREWARM_CHUNK pieces,

@@ -27,8 +27,10 @@ whitespace off its text again (postprocess.py).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 # Never tokenize more than this many characters per budgeted token: a 5 MB file
 # costs the same as a small one.
@@ -237,3 +239,46 @@ def _middle_so_far(hf_tokenizer: Any, before: str, budget: int) -> tuple[str, li
         if len(ids) <= budget:
             return middle, ids
     return "", []
+
+
+class KeptStarts:
+    """Each document's prompt window start (`Prompt.start_line`, the next prompt's `keep_line`), moved by requests
+    only, one after the other, so that two servers given the same requests build the same prompts whatever
+    speculative work (warm-ups, guesses, prefetches) each found time for. A request notes its place (`asked`); its
+    start is settled by the first prompt built for that place, or by the next request (one that was answered
+    without a prompt, from a prefetch or the cache, is settled then). Bounded to the `documents` most recently
+    asked."""
+
+    def __init__(self, documents: int = 16):
+        self._lock = threading.Lock()
+        # doc_id -> (start line, the place (before, after) of the last request while its start is not settled)
+        self._docs: OrderedDict[str, tuple[int | None, tuple[str, str] | None]] = OrderedDict()
+        self._documents = documents
+
+    def asked(self, doc_id: str, before: str, after: str,
+              make: Callable[[str, str, int | None], Prompt]) -> None:
+        """A request at this place; make(before, after, keep_line) -> Prompt settles the one before it, if needed."""
+        with self._lock:
+            start, last = self._docs.get(doc_id, (None, None))
+        if last is not None:
+            start = make(*last, start).start_line
+        with self._lock:
+            self._docs[doc_id] = (start, (before, after))
+            self._docs.move_to_end(doc_id)
+            while len(self._docs) > self._documents:
+                self._docs.popitem(last=False)
+
+    def build(self, doc_id: str, before: str, after: str,
+              make: Callable[[str, str, int | None], Prompt]) -> Prompt:
+        """The prompt for this place, from the document's start (settled first if the last request's is not)."""
+        with self._lock:
+            start, last = self._docs.get(doc_id, (None, None))
+        if last is not None and last != (before, after):
+            start = make(*last, start).start_line
+        prompt = make(before, after, start)
+        if last is not None:
+            settled = prompt.start_line if last == (before, after) else start
+            with self._lock:
+                if self._docs.get(doc_id, (None, None))[1] is last:  # no newer request meanwhile
+                    self._docs[doc_id] = (settled, None)
+        return prompt

@@ -149,3 +149,30 @@ def test_fim_detected_and_budget_split(tiny_models, markers):
     assert p.ids[0] == ids[0] and p.ids[-1] == ids[2] and ids[1] in p.ids
     n_suffix = len(p.ids) - p.ids.index(ids[1]) - 2
     assert 0 < n_suffix <= 100 and after.startswith(p.suffix) and p.suffix.endswith("\n")
+
+
+def test_requests_alone_move_a_documents_start(hf):
+    """Two servers given the same requests build the same prompts, whatever speculative prompts (warm-ups,
+    guesses, prefetches) one of them also built: only requests move the kept start, and a request answered without
+    a prompt (from a prefetch or the cache) moves it too."""
+    from rest_lsp.prompt import KeptStarts
+
+    def make(before, after, keep):
+        return build_prompt(hf, before, after, budget=600, fim=None, keep_line=keep)
+
+    text = source(400)
+    places = [_line_start(text, line) for line in range(40, 400, 3)]
+    quiet, busy = KeptStarts(), KeptStarts()
+    starts = []
+    for i, at in enumerate(places):
+        before, after = text[:at], text[at:]
+        quiet.asked("a.py", before, after, make)
+        busy.asked("a.py", before, after, make)
+        busy.build("a.py", text[: places[-1]], "", make)  # a speculative prompt far below: moves nothing
+        if i % 3:  # the others answered at once, without a prompt: settled by the next build
+            continue
+        one, two = quiet.build("a.py", before, after, make), busy.build("a.py", before, after, make)
+        assert one.ids == two.ids
+        starts.append(one.start_line)
+    assert len(set(starts)) < len(starts)  # kept while it fits
+    assert starts == sorted(starts) and starts[-1] > starts[0]  # and moved down with the requests
