@@ -328,15 +328,20 @@ class Decoder:
     _CACHE_FIELDS = ("_cache", "_cached", "_rope_long")
 
     def reset(self) -> None:
-        """Forget the cached sequence: the next prompt is prefilled in full."""
-        self._cache, self._cached, self._rope_long = None, [], None
+        """Forget the cached sequence: the next prompt is prefilled in full. A lean cache keeps its storage, and with
+        it the CUDA graphs captured on that storage (a new one would capture every bucket again)."""
+        if isinstance(self._cache, KVCache):
+            self._cache.crop(0)
+            self._cached, self._rope_long = [], None
+        else:
+            self._cache, self._cached, self._rope_long = None, [], None
 
     def detach_cache(self) -> CacheState:
         """Take the cache out (the decoder starts over empty) for a keeper to `attach_cache` later: a document
         switched back to then pays only for what changed in it."""
         state = CacheState(tuple(getattr(self, f) for f in self._CACHE_FIELDS), tuple(self._cached),
                            self.cache_bytes())
-        self.reset()
+        self._cache, self._cached, self._rope_long = None, [], None  # the state takes the cache with it
         return state
 
     def attach_cache(self, state: CacheState) -> None:

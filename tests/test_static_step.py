@@ -98,3 +98,27 @@ def test_cuda_graphs_replay_the_static_step_and_capture_once_per_cache_and_bucke
     torch.testing.assert_close(tree_step(lean, graphed, tree, True), tree_step(lean, plain, tree, False),
                                rtol=1e-4, atol=1e-4)
     assert lean.graphs.captures == 4
+
+
+def test_a_reset_keeps_the_cache_storage_that_graphs_are_captured_on():
+    """A decoder that forgets its sequence (bench_rest does per prompt) keeps its KV cache's storage: on a GPU the
+    graphs captured on it stay valid, so each bucket is captured once per decoder, not once per prompt."""
+    from rest_lsp.decoding import DecodeConfig, Decoder
+    from rest_lsp.drafts import ContextLookup
+
+    loaded = tiny_model("llama")
+    decoder = Decoder(loaded, static=True)
+    prompt = [5, 6, 7, 8] * 6
+    first = decoder.generate(prompt, ContextLookup(), DecodeConfig(max_new_tokens=24, budget=16))
+    cache = decoder._cache
+    captures = decoder.lean.graphs.captures if decoder.lean.graphs is not None else None
+    decoder.reset()
+    assert decoder._cache is cache and cache.length == 0 and not decoder.holds(prompt[:1])
+    again = decoder.generate(prompt, ContextLookup(), DecodeConfig(max_new_tokens=24, budget=16))
+    assert again.tokens == first.tokens and again.prefill_tokens == len(prompt) - 1
+    assert decoder._cache is cache
+    if captures is not None:
+        assert decoder.lean.graphs.captures == captures
+    # a detached cache leaves with its storage: the decoder starts a new one
+    state = decoder.detach_cache()
+    assert state.fields[0] is cache and decoder._cache is None
