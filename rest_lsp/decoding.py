@@ -149,12 +149,12 @@ def _cached_length(cache: DynamicCache | KVCache) -> int:
     return cache.length if isinstance(cache, KVCache) else cache.get_seq_length()
 
 
-def likely_nodes(tree: DraftTree) -> list[int]:
+def likely_nodes(tree: DraftTree, batch_from: float) -> list[int]:
     """The nodes worth one batched head call: the HEAD_BATCH likeliest (root first) when the walk is expected to
-    visit at least HEAD_BATCH_FROM nodes, else none."""
+    visit at least `batch_from` nodes, else none."""
     if len(tree) == 1 or len(tree.shares) != len(tree):
         return []
-    if 1.0 + sum(tree.shares[1:]) < HEAD_BATCH_FROM:
+    if 1.0 + sum(tree.shares[1:]) < batch_from:
         return []
     return sorted(range(len(tree)), key=lambda i: -tree.shares[i])[:HEAD_BATCH]
 
@@ -173,7 +173,11 @@ PREFILL_CHUNK = 256
 # likely nodes costs about what two single-row calls do (fp32 GEMM, 2-core AVX2): a step expected to visit this
 # many nodes gets the likeliest ones in one call, the rest one by one as the walk reaches them.
 HEAD_BATCH = 8
-HEAD_BATCH_FROM = 2.5  # expected visited nodes (1 + expected accepted drafts) from which one batched call pays
+# Expected visited nodes (1 + expected accepted drafts) from which one batched call pays: on MKL (F.linear) 8 rows
+# cost 2.4x one row; on oneDNN's packed head 1.4x (benchmarks/bench_linear.py: 8.5 against 6.2 ms), so there a
+# walk expected to go past the root at all is cheaper batched.
+HEAD_BATCH_FROM = 2.5
+HEAD_BATCH_FROM_PACKED = 1.4
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,7 @@ class Decoder:
         # static: verification steps padded to fixed shapes, replayed from CUDA graphs on a GPU (None: on a GPU)
         self.lean = LeanLlama(self.model, self.max_context, static=static) if self.lean_unsupported is None else None
         self.logits = self.lean.head if self.lean is not None else self.head  # hidden [n, H] -> [n, V]
+        self.head_batch_from = HEAD_BATCH_FROM_PACKED if self.lean is not None and self.lean.packed else HEAD_BATCH_FROM
         self.name = loaded.name
         # Until calibrate() has measured this machine: the constants measured on the reference machines.
         self.step_cost = (FLAT_STEP_COST if self.device.type == "cuda"
@@ -313,7 +318,7 @@ class Decoder:
         @torch.inference_mode()
         def run(tree: DraftTree) -> None:
             logits_at = self._pass(cache, tree)
-            for node in likely_nodes(tree) or [0]:
+            for node in likely_nodes(tree, self.head_batch_from) or [0]:
                 logits_at(node)
             sync_device(self.device)
             if isinstance(cache, KVCache):
@@ -519,7 +524,7 @@ class Decoder:
         """logits_at(node) -> [V] fp32 from hidden states [n+1, H]: the likeliest nodes in one head call when the
         walk is expected to visit enough of them, any other node alone when the walk reaches it."""
         done: dict[int, torch.Tensor] = {}
-        rows = likely_nodes(tree)
+        rows = likely_nodes(tree, self.head_batch_from)
         if len(rows) > 1:
             logits = self.logits(hidden[rows]).float()  # [k, V]
             done = {node: logits[i] for i, node in enumerate(rows)}

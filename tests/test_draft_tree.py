@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from rest_lsp.draft_tree import build_tree, tree_attention_mask, tree_position_ids
+from rest_lsp.draft_tree import DraftTree, build_tree, tree_attention_mask, tree_position_ids
 
 
 def test_shared_prefixes_become_one_node():
@@ -96,3 +96,15 @@ def test_fit_to_cost_keeps_the_prefix_that_pays_for_itself():
     def value(n):
         return (1 + sum(tree.shares[1 : n + 1])) / steep[n + 1]
     assert max(range(len(tree)), key=value) == len(cut) - 1
+
+
+def test_the_head_is_batched_when_the_walk_likely_passes_the_root_and_a_row_costs_little():
+    """oneDNN's packed head computes 8 rows for 1.4x one row, MKL's for 2.4x: a walk expected to visit 1.7 nodes
+    gets one batched call on the packed engine (the likeliest nodes, root first), single calls elsewhere."""
+    from rest_lsp.decoding import HEAD_BATCH_FROM, HEAD_BATCH_FROM_PACKED, likely_nodes
+
+    tree = DraftTree([1, 2, 3, 4], [-1, 0, 1, 0], [0, 1, 2, 1], shares=(1.0, 0.5, 0.1, 0.1))  # 1.7 visited expected
+    assert likely_nodes(tree, HEAD_BATCH_FROM_PACKED) == [0, 1, 2, 3]
+    assert likely_nodes(tree, HEAD_BATCH_FROM) == []
+    alone = DraftTree([1, 2], [-1, 0], [0, 1], shares=(1.0, 0.3))  # 1.3 expected: the root's row alone pays
+    assert likely_nodes(alone, HEAD_BATCH_FROM_PACKED) == []

@@ -368,7 +368,9 @@ def test_ghost_text_tab_status_stats_settings_and_toggle(tools, browser, tmp_pat
         assert req["params"]["arguments"][0]["text"] == expected, req
         assert resp.get("result") is True, resp
 
-        expect(item).to_have_text(re.compile(r"REST \d+\.\d tok/step · \d+ ms/tok"), timeout=UI_S * 1000)
+        # the speed of the decoding that requests waited for; a suggestion computed before it was asked (at the
+        # cursor the extension reported, or the last edit) is served at once, and then only its latency shows
+        expect(item).to_have_text(re.compile(r"REST (\d+\.\d tok/step · \d+ ms/tok|\d+ ms)"), timeout=UI_S * 1000)
         # The status bar's right half, with the last lines of the editor above it.
         box = item.bounding_box()
         page.screenshot(path=str(shots / "vscode-status-bar.png"),
@@ -383,8 +385,10 @@ def test_ghost_text_tab_status_stats_settings_and_toggle(tools, browser, tmp_pat
         assert stats["completions_served"] >= 1, stats
         text = dialog.inner_text()
         assert f"completions served: {stats['completions_served']}" in text, text
-        assert f"mean tokens per step: {stats['mean_tokens_per_step']:.2f}" in text, text
-        assert f"mean ms per token: {stats['mean_ms_per_token']:.2f}" in text, text
+        # None (shown "-") while every suggestion was computed before it was asked
+        mean = lambda key: "-" if stats[key] is None else f"{stats[key]:.2f}"  # noqa: E731
+        assert f"mean tokens per step: {mean('mean_tokens_per_step')}" in text, text
+        assert f"mean ms per token: {mean('mean_ms_per_token')}" in text, text
         assert f"documents: {stats['documents']}" in text, text
         dialog.screenshot(path=str(shots / "vscode-stats.png"))
         page.keyboard.press("Escape")
