@@ -16,7 +16,7 @@ Latency rules:
   - answers kept for later (suggestion_cache.py): an LRU by the text around the cursor, matched
     against what was typed since, and the prefetch: while a suggestion is shown and no request
     waits, the decoder's thread computes the one that follows accepting it;
-  - a time budget (pacing.py): after it a completion ends at the next line end;
+  - a time budget (pacing.py): after it a completion keeps its whole lines (or ends its first);
   - a debounce before decoding lets a burst of keystrokes collapse into one request; it follows
     the typing speed (pacing.py);
   - background tokenizing (indexing, open buffers) uses its own copy of the tokenizer, so

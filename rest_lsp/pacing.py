@@ -1,8 +1,9 @@
 """How long a request may take and how long to wait before starting it.
 
-  - `LineBudget`: once a request has run for the time budget, its completion ends at the next line end (Continue
-    stops after the first line once its budget has passed; llama.vim's server stops at the first line end after
-    `t_max_predict_ms`). A person reads whole lines; a half line is worth less than the time it costs. The
+  - `LineBudget`: once a request has run for the time budget, its completion keeps the whole lines it has and stops,
+    or ends at the first line end when none is whole yet (llama-server's `t_max_predict_ms`: past the time, stop
+    once a line end has been generated; Continue stops after the first line once its budget has passed). A person
+    reads whole lines; a half line is worth less than the time it costs. The
     deadline can only move closer (`by`): work computed ahead gets the long budget, and once a person waits for
     it, the short one counts from their request (llama.vim: 1000 ms, 250 ms at a new position).
   - `TypingPace`: the debounce follows the typing speed (Tabby adapts its debounce the same way). A fast typist's
@@ -23,33 +24,29 @@ PAUSE_S = 10.0  # a gap this long is never typing, whatever the ceiling
 
 
 class LineBudget:
-    """Stop rule of one request: after `budget_s` since `start`, end at the next line end of the shown text."""
+    """Stop rule of one request: once `budget_s` since `start` has passed, keep the whole lines shown so far and
+    stop (llama-server's `t_max_predict_ms` rule); with no whole line yet, end at the first line end."""
 
     def __init__(self, start: float, budget_s: float, clock: Callable[[], float] = time.perf_counter):
         self._deadline = start + budget_s if budget_s > 0 else None
         self._clock = clock
-        self._from: int | None = None  # length of the shown text when the budget ran out
-        self.cut_at: int | None = None  # where the completion ends, once a line end came after that
+        self.cut_at: int | None = None  # where the completion ends, once the budget ran out and a line end is shown
 
     def stop(self, shown: str) -> bool:
         """Whether decoding can stop, given the text shown so far (stop rules applied, trailing space stripped:
         a line end shows once the next line has text)."""
         if self.cut_at is not None:
             return True
-        if self._deadline is None:
+        if self._deadline is None or self._clock() < self._deadline:
             return False
-        if self._from is None:
-            if self._clock() < self._deadline:
-                return False
-            self._from = len(shown)
-        nl = shown.find("\n", self._from)
+        nl = shown.rfind("\n")  # the line in progress is dropped: a person waits, the lines before it are whole
         if nl < 0:
             return False
         self.cut_at = nl
         return True
 
     def by(self, deadline: float) -> None:
-        """End no later than the next line end after `deadline` (an earlier deadline stays)."""
+        """Run out no later than `deadline` (an earlier deadline stays)."""
         if self._deadline is None or deadline < self._deadline:
             self._deadline = deadline
 

@@ -33,7 +33,7 @@ class Settings:
     debounce_ms: int = 20  # wait this long before decoding; a newer request in the meantime wins
     document_cache_mb: int = 256  # KV caches kept for recently used documents besides the current one; 0 = none
     debounce_max_ms: int = 250  # the debounce follows the typing speed up to this (<= debounce_ms: fixed)
-    time_budget_ms: int = 1000  # after this long a completion ends at the next line end; 0 = no budget
+    time_budget_ms: int = 1000  # after this long a completion keeps its whole lines (or ends its first); 0 = none
     # ... and this long after a person began waiting for it (a request that must decode, or joins work begun
     # ahead); 0 = only time_budget_ms
     wait_budget_ms: int = 250
@@ -170,9 +170,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "switching back to one prefills only what changed; 0 keeps none (default: 256)")
     g.add_argument("--debounce-max-ms", type=int, help="the wait follows the typing speed up to this (default: 250)")
     g.add_argument("--time-budget-ms", type=int,
-                   help="after this long a completion ends at the next line end; 0 = none (default: 1000)")
+                   help="after this long a completion keeps the whole lines it has (or ends its first line); "
+                        "0 = none (default: 1000)")
     g.add_argument("--wait-budget-ms", type=int,
-                   help="a completion someone waits for ends at the next line end this long after they asked; "
+                   help="a completion someone waits for stops so this long after they asked; "
                         "0 = only --time-budget-ms (default: 250)")
     g.add_argument("--suggestion-cache-size", type=int,
                    help="suggestions kept for reuse by the text around the cursor; 0 = none (default: 250)")

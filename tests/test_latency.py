@@ -213,15 +213,21 @@ def test_a_pause_after_a_change_has_its_suggestion_ready_before_it_is_asked(tiny
         svc.expect("mem://w.py", before + after, len(before))  # the editor's change ended here; no request yet
         wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the changed place")
         assert len(generate_calls) == 1
-        future = svc.submit("mem://w.py", before + after, len(before)).future
-        assert future.done()  # answered inside submit: never queued for the decoder
-        hit = future.result()
-        assert hit is not None and hit.source == "prefetch" and (hit.tokens, hit.steps) == (0, 0)
-        assert hit.text == greedy(tiny_models["random"], before, after, MAX_NEW)  # what decoding would give
-        assert svc.stats()["completions_decoded"] == 0
+        _served_without_decoding(svc, "mem://w.py", before, after, tiny_models["random"])
     finally:
         svc.close()
 
+
+
+def _served_without_decoding(svc, doc: str, before: str, after: str, model_folder) -> None:
+    """A request at this place is answered inside submit (never queued for the decoder) with the suggestion
+    computed before it was asked, which is what decoding would give."""
+    future = svc.submit(doc, before + after, len(before)).future
+    assert future.done()
+    hit = future.result()
+    assert hit is not None and hit.source == "prefetch" and (hit.tokens, hit.steps) == (0, 0)
+    assert hit.text == greedy(model_folder, before, after, MAX_NEW)
+    assert svc.stats()["completions_decoded"] == 0
 
 def test_the_place_of_a_request_just_answered_is_not_guessed_again(tiny_models, generate_calls):
     svc = _service(tiny_models["random"], suggestion_cache_size=0)  # no cache that would make a guess needless
@@ -244,12 +250,7 @@ def test_a_cursor_the_editor_moved_has_its_suggestion_ready_before_it_is_asked(t
         wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the cursor")
         stats = svc.stats()
         assert len(generate_calls) == 1 and stats["prewarm_tokens"] > 0
-        future = svc.submit("mem://m.py", before + after, len(before)).future
-        assert future.done()  # answered inside submit: never queued for the decoder
-        hit = future.result()
-        assert hit is not None and hit.source == "prefetch" and (hit.tokens, hit.steps) == (0, 0)
-        assert hit.text == greedy(tiny_models["random"], before, after, MAX_NEW)  # what decoding would give
-        assert svc.stats()["completions_decoded"] == 0
+        _served_without_decoding(svc, "mem://m.py", before, after, tiny_models["random"])
     finally:
         svc.close()
 
@@ -397,20 +398,21 @@ def test_a_completion_someone_waits_for_ends_at_the_line_end_after_the_wait_budg
         svc.close()
 
 
-def test_the_line_budget_ends_the_line_it_ran_out_in():
+def test_the_line_budget_keeps_the_whole_lines_once_it_runs_out():
     now = [0.0]
     budget = LineBudget(0.0, 1.0, lambda: now[0])
     assert not budget.stop("a = 1\nb")  # within the budget: the stop rules alone decide
     now[0] = 2.0
-    assert not budget.stop("a = 1\nb = ")  # ran out in the middle of the second line
-    assert budget.stop("a = 1\nb = 2\nc")
-    assert budget.cut("a = 1\nb = 2\nc = 3") == "a = 1\nb = 2"
+    assert budget.stop("a = 1\nb = ")  # ran out in the second line: the first is whole, the second is dropped
+    assert budget.cut("a = 1\nb = 2") == "a = 1"
+    first = LineBudget(0.0, 1.0, lambda: now[0])
+    assert not first.stop("a = ")  # no whole line yet: the first line's end
+    assert first.stop("a = 1\nb") and first.cut("a = 1\nb = 2") == "a = 1"
     assert LineBudget(0.0, 0.0, lambda: 99.0).stop("a\nb\nc") is False  # 0: no budget
     later = LineBudget(0.0, 10.0, lambda: now[0])
     later.by(1.0)  # a person began waiting: the earlier deadline counts
     later.by(5.0)  # ... and a later one never moves it back
-    assert later.stop("a = 1\nb = ") is False and later.stop("a = 1\nb = 2\nc")
-    assert later.cut("a = 1\nb = 2\nc") == "a = 1\nb = 2"
+    assert later.stop("a = 1\nb = 2\nc") and later.cut("a = 1\nb = 2\nc = 3") == "a = 1\nb = 2"
 
 
 def test_the_debounce_follows_the_typing_speed(tiny_models):
