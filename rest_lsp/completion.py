@@ -488,8 +488,12 @@ class CompletionService:
         tokenizer = loaded.tokenizer
         so_far = IncrementalText(tokenizer.decode)
         checked = [0]  # new tokens already checked for stop ids
-        budget = LineBudget(job.submitted, s.time_budget_ms / 1e3, self._clock)
         wait_s = s.wait_budget_ms / 1e3
+        # the suggestion after accepting the shown one gets the short budget: it runs after every answer, and a
+        # person who stops typing should find the server idle soon (its first line is what the next request
+        # shows anyway); a guess and a request keep the long one
+        prefetch = job.speculative and not job.guess and wait_s > 0
+        budget = LineBudget(job.submitted, wait_s if prefetch else s.time_budget_ms / 1e3, self._clock)
 
         def should_stop(new: list[int]) -> bool:
             if job.cancelled():

@@ -40,7 +40,7 @@ class LineBudget:
         if self._deadline is None or self._clock() < self._deadline:
             return False
         nl = shown.rfind("\n")  # the line in progress is dropped: a person waits, the lines before it are whole
-        if nl < 0:
+        if nl < 0 or not shown[:nl].strip():  # no whole line with text yet (a completion may begin with a break)
             return False
         self.cut_at = nl
         return True

@@ -408,6 +408,9 @@ def test_the_line_budget_keeps_the_whole_lines_once_it_runs_out():
     first = LineBudget(0.0, 1.0, lambda: now[0])
     assert not first.stop("a = ")  # no whole line yet: the first line's end
     assert first.stop("a = 1\nb") and first.cut("a = 1\nb = 2") == "a = 1"
+    broken = LineBudget(0.0, 1.0, lambda: now[0])
+    assert not broken.stop("\n") and not broken.stop("\n  ")  # a break first: no whole line with text yet
+    assert broken.stop("\n  b = 2\n  c") and broken.cut("\n  b = 2\n  c = 3") == "\n  b = 2"
     assert LineBudget(0.0, 0.0, lambda: 99.0).stop("a\nb\nc") is False  # 0: no budget
     later = LineBudget(0.0, 10.0, lambda: now[0])
     later.by(1.0)  # a person began waiting: the earlier deadline counts
