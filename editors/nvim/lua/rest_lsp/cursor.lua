@@ -3,6 +3,7 @@
 -- only for a place other than the last one sent to that client.
 
 local api = vim.api
+local buffer = require("rest_lsp.buffer")
 
 local M = {}
 
@@ -66,19 +67,9 @@ function M.attach(buf, client_name)
       M.schedule(buf)
     end,
   })
-  api.nvim_create_autocmd({ "BufWipeout", "LspDetach" }, {
-    group = group,
-    buffer = buf,
-    callback = function(ev)
-      if ev.event == "LspDetach" then
-        local client = vim.lsp.get_client_by_id(ev.data.client_id)
-        if not client or client.name ~= client_name then
-          return
-        end
-      end
-      M.detach(buf)
-    end,
-  })
+  buffer.on_leave(buf, group, client_name, function()
+    M.detach(buf)
+  end)
   M.schedule(buf)
 end
 

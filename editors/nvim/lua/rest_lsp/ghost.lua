@@ -9,6 +9,7 @@
 local M = {}
 
 local api = vim.api
+local buffer = require("rest_lsp.buffer")
 local ns = api.nvim_create_namespace("rest_lsp.ghost")
 
 ---@class rest_lsp.Ghost
@@ -268,19 +269,9 @@ function M.attach(buf, o)
       M.dismiss(buf)
     end,
   })
-  api.nvim_create_autocmd({ "BufWipeout", "LspDetach" }, {
-    group = group,
-    buffer = buf,
-    callback = function(ev)
-      if ev.event == "LspDetach" then
-        local client = vim.lsp.get_client_by_id(ev.data.client_id)
-        if not client or client.name ~= opts.client_name then
-          return
-        end
-      end
-      M.detach(buf)
-    end,
-  })
+  buffer.on_leave(buf, group, opts.client_name, function()
+    M.detach(buf)
+  end)
   if o.accept_key then
     local key = o.accept_key
     vim.keymap.set("i", key, function()
