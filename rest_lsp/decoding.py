@@ -346,7 +346,8 @@ class Decoder:
         switched back to then pays only for what changed in it."""
         state = CacheState(tuple(getattr(self, f) for f in self._CACHE_FIELDS), tuple(self._cached),
                            self.cache_bytes())
-        self._cache, self._cached, self._rope_long = None, [], None  # the state takes the cache with it
+        self._cache = None  # the state takes the cache with it: a reset then starts a new one
+        self.reset()
         return state
 
     def attach_cache(self, state: CacheState) -> None:

@@ -298,7 +298,7 @@ class LeanLlama:
         if not self.static or bucket is None:
             return self.forward(ids, positions, cache, tree_mask)
         past = cache.length
-        cache.reserve(past + bucket)  # the padding rows are written too, past the length, and never read
+        cache.reserve(past + bucket)  # the padding rows are written too, past the length, and weighted 0 later
         mask = self._mask(n, tree_mask)
 
         def fill(inputs: StepInputs) -> None:
