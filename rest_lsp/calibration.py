@@ -32,7 +32,7 @@ from rest_lsp.draft_tree import DraftTree, build_tree
 log = logging.getLogger(__name__)
 
 # Tree sizes (root + drafts) timed; cost_curve interpolates between them. 64 is the largest budget (CUDA).
-SIZES = (1, 2, 4, 8, 16, 32, 64)
+SIZES = (1, 2, 4, 6, 8, 12, 16, 32, 64)  # 6 and 12: fbgemm computes rows in blocks of 6
 CONTEXT = 384  # cached tokens under each step: a typical completion prompt
 REPEATS = 3  # medians of this many rounds, after one warm-up round
 MAX_SECONDS = 10.0  # no new round starts after this long (a round of SmolLM2-135M fp32 takes ~0.8 s on 2 idle cores)

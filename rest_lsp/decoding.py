@@ -8,6 +8,7 @@ node's logits judge its children. With an empty tree a step is exactly one plain
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from rest_lsp.draft_tree import DraftTree, build_tree, fit_to_cost, tree_attenti
 from rest_lsp.drafts import DraftSource, Proposal, propose
 from rest_lsp.lean_llama import KVCache, LeanLlama, unsupported
 from rest_lsp.model import LoadedModel, ModelLoadError, cache_root
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,6 +77,8 @@ def cost_curve(measured: dict[int, float]) -> list[float]:
 CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.63, 24: 3.01, 32: 3.40, 48: 4.17, 64: 4.93})
 # The lean engine on oneDNN's packed weights: fp32, 2-core AVX2 CPU, 512-token context, SmolLM2-135M (bench_rest).
 PACKED_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.08, 4: 1.23, 8: 1.63, 16: 2.09, 32: 2.78, 64: 4.53})
+# The same on fbgemm's fp16 weights (float16-weights).
+FP16_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.2, 4: 1.2, 8: 1.5, 16: 2.1, 32: 3.0, 64: 5.0})
 FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
 
 
@@ -149,14 +154,29 @@ def _cached_length(cache: DynamicCache | KVCache) -> int:
     return cache.length if isinstance(cache, KVCache) else cache.get_seq_length()
 
 
-def likely_nodes(tree: DraftTree, batch_from: float) -> list[int]:
-    """The nodes worth one batched head call: the HEAD_BATCH likeliest (root first) when the walk is expected to
+# The LM head reads its whole [V, H] weight per call (113 MB for SmolLM2 in fp32), so one call over up to this many
+# likely nodes costs about what two single-row calls do (fp32 GEMM, 2-core AVX2): a step expected to visit this
+# many nodes gets the likeliest ones in one call, the rest one by one as the walk reaches them.
+HEAD_BATCH = 8
+# Expected visited nodes (1 + expected accepted drafts) from which one batched call pays: on MKL (F.linear) 8 rows
+# cost 2.4x one row; on oneDNN's packed head 1.4x (benchmarks/bench_linear.py: 8.5 against 6.2 ms), so there a
+# walk expected to go past the root at all is cheaper batched.
+HEAD_BATCH_FROM = 2.5
+HEAD_BATCH_FROM_PACKED = 1.4
+# On fbgemm's fp16 head (float16-weights) rows come in blocks of 6: 6 rows cost 1.7x one row (3 rows 1.13x, 7 rows
+# 2.6x; 2.2 ms for one row here), so a walk expected to visit 1.7 nodes gets the likeliest 6 in one call.
+HEAD_BATCH_FP16 = 6
+HEAD_BATCH_FROM_FP16 = 1.7
+
+
+def likely_nodes(tree: DraftTree, batch_from: float, rows: int = HEAD_BATCH) -> list[int]:
+    """The nodes worth one batched head call: the `rows` likeliest (root first) when the walk is expected to
     visit at least `batch_from` nodes, else none."""
     if len(tree) == 1 or len(tree.shares) != len(tree):
         return []
     if 1.0 + sum(tree.shares[1:]) < batch_from:
         return []
-    return sorted(range(len(tree)), key=lambda i: -tree.shares[i])[:HEAD_BATCH]
+    return sorted(range(len(tree)), key=lambda i: -tree.shares[i])[:rows]
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -169,15 +189,6 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 # Tokens per prefill pass: a long prompt can be given up between passes (a request cancelled meanwhile).
 PREFILL_CHUNK = 256
-# The LM head reads its whole [V, H] weight per call (113 MB for SmolLM2 in fp32), so one call over up to this many
-# likely nodes costs about what two single-row calls do (fp32 GEMM, 2-core AVX2): a step expected to visit this
-# many nodes gets the likeliest ones in one call, the rest one by one as the walk reaches them.
-HEAD_BATCH = 8
-# Expected visited nodes (1 + expected accepted drafts) from which one batched call pays: on MKL (F.linear) 8 rows
-# cost 2.4x one row; on oneDNN's packed head 1.4x (benchmarks/bench_linear.py: 8.5 against 6.2 ms), so there a
-# walk expected to go past the root at all is cheaper batched.
-HEAD_BATCH_FROM = 2.5
-HEAD_BATCH_FROM_PACKED = 1.4
 
 
 @dataclass(frozen=True)
@@ -217,7 +228,7 @@ class Decoder:
     """Runs one model; keeps the KV cache of its last sequence so the next prompt pays only for what changed."""
 
     def __init__(self, loaded: LoadedModel, acceptance: AcceptanceModel | None = None, lean: bool = True,
-                 static: bool | None = None):
+                 static: bool | None = None, pack: str | None = None):
         self.model = loaded.model
         self.device = loaded.device
         self.dtype = next(loaded.model.parameters()).dtype
@@ -242,14 +253,24 @@ class Decoder:
             else "sliding windows or long RoPE" if self.window is not None or self.rope_switch is not None
             else unsupported(self.model)
         )
-        # static: verification steps padded to fixed shapes, replayed from CUDA graphs on a GPU (None: on a GPU)
-        self.lean = LeanLlama(self.model, self.max_context, static=static) if self.lean_unsupported is None else None
+        # static: verification steps padded to fixed shapes, replayed from CUDA graphs on a GPU (None: on a GPU);
+        # pack: the weights' packing (None: the loaded model's, else the engine's own choice)
+        pack = pack if pack is not None else loaded.packing
+        if pack == "fp16" and self.lean_unsupported is not None:
+            log.warning("float16-weights runs on the lean engine only (here: %s); this model runs in float32.",
+                        self.lean_unsupported)
+        self.lean = (LeanLlama(self.model, self.max_context, pack=pack, static=static)
+                     if self.lean_unsupported is None else None)
         self.logits = self.lean.head if self.lean is not None else self.head  # hidden [n, H] -> [n, V]
-        self.head_batch_from = HEAD_BATCH_FROM_PACKED if self.lean is not None and self.lean.packed else HEAD_BATCH_FROM
+        packing = self.lean.packing if self.lean is not None else "none"
+        self.head_batch_from, self.head_batch = {"onednn": (HEAD_BATCH_FROM_PACKED, HEAD_BATCH),
+                                                 "fp16": (HEAD_BATCH_FROM_FP16, HEAD_BATCH_FP16)}.get(
+                                                     packing, (HEAD_BATCH_FROM, HEAD_BATCH))
         self.name = loaded.name
         # Until calibrate() has measured this machine: the constants measured on the reference machines.
         self.step_cost = (FLAT_STEP_COST if self.device.type == "cuda"
-                          else PACKED_CPU_STEP_COST if self.engine == "lean-onednn" else CPU_STEP_COST)
+                          else PACKED_CPU_STEP_COST if self.engine == "lean-onednn"
+                          else FP16_CPU_STEP_COST if self.engine == "lean-fp16" else CPU_STEP_COST)
         self.calibration: Calibration | None = None
         # What sources claim is not how often the model agrees: learned per (source, match length, depth) from
         # every walk, for as long as the decoder lives (and longer, when its owner saves it).
@@ -300,7 +321,8 @@ class Decoder:
             return "transformers"
         if self.lean.graphs is not None:
             return "lean-graphs"
-        return ("lean-onednn" if self.lean.packed else "lean") + ("-static" if self.lean.static else "")
+        packing = "" if self.lean.packing == "none" else f"-{self.lean.packing}"
+        return f"lean{packing}" + ("-static" if self.lean.static else "")
 
     @torch.inference_mode()
     def step_timer(self, context: int) -> Callable[[DraftTree], None]:
@@ -318,7 +340,7 @@ class Decoder:
         @torch.inference_mode()
         def run(tree: DraftTree) -> None:
             logits_at = self._pass(cache, tree)
-            for node in likely_nodes(tree, self.head_batch_from) or [0]:
+            for node in likely_nodes(tree, self.head_batch_from, self.head_batch) or [0]:
                 logits_at(node)
             sync_device(self.device)
             if isinstance(cache, KVCache):
@@ -525,7 +547,7 @@ class Decoder:
         """logits_at(node) -> [V] fp32 from hidden states [n+1, H]: the likeliest nodes in one head call when the
         walk is expected to visit enough of them, any other node alone when the walk reaches it."""
         done: dict[int, torch.Tensor] = {}
-        rows = likely_nodes(tree, self.head_batch_from)
+        rows = likely_nodes(tree, self.head_batch_from, self.head_batch)
         if len(rows) > 1:
             logits = self.logits(hidden[rows]).float()  # [k, V]
             done = {node: logits[i] for i, node in enumerate(rows)}

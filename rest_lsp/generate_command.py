@@ -17,7 +17,7 @@ MAX_TEMPERATURE = 100.0
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="hub id (already cached), local folder or .gguf file")
     parser.add_argument("--device", default=None, help="cpu, cuda or auto (default: cuda when present)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16, float16-weights or auto")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -70,27 +70,60 @@ def onednn_packs(dtype: torch.dtype, device: torch.device) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def fp16_packs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether Matmul can run on fbgemm's fp16 weights here (CPU, fp32 activations, a torch built with fbgemm)."""
+    return (device.type == "cpu" and dtype == torch.float32
+            and "fbgemm" in torch.backends.quantized.supported_engines
+            and hasattr(torch.ops.quantized, "linear_prepack_fp16")
+            and hasattr(torch.ops.quantized, "linear_dynamic_fp16"))
+
+
+PACKINGS = ("onednn", "fp16", "none")
 PACK_ROWS = 8  # the input rows oneDNN is told to expect when it picks the weight layout (a tree step's size)
 
 
 @dataclass
 class Matmul:
-    """x @ weight.T + bias, on oneDNN's packed copy of the weight when there is one."""
+    """x @ weight.T + bias, on a packed copy of the weight when there is one:
+    - "onednn": oneDNN's layout of the fp32 weight (exact: only the accumulation order differs from F.linear);
+    - "fp16": fbgemm's fp16 copy, multiplied in fp32 (half the bytes a step streams; the weights round to fp16
+      once, so outputs differ from fp32's where the model is near a tie: the "float16-weights" mode)."""
 
     weight: torch.Tensor  # [out, in], the model's own tensor
     bias: torch.Tensor | None
     packed: torch.Tensor | None = None  # oneDNN's layout of `weight`, made once
+    fp16: object = None  # fbgemm's packed fp16 weight (and bias), made once
 
     @classmethod
     @torch.no_grad()
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> "Matmul":
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS) if pack else None
-        return cls(weight, bias, packed)
+    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, pack: str) -> "Matmul":
+        if pack == "onednn":
+            return cls(weight, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
+        if pack == "fp16":
+            b = None if bias is None else bias.detach()
+            return cls(weight, bias, fp16=torch.ops.quantized.linear_prepack_fp16(weight.detach(), b))
+        return cls(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        if self.fp16 is not None:
+            return torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), self.fp16)
         return F.linear(x, self.weight, self.bias)
+
+
+def pick_packing(pack: str | bool | None, dtype: torch.dtype, device: torch.device) -> str:
+    """The packing a LeanLlama runs: None picks oneDNN where it packs (True asks for it), False or "none" packs
+    nothing; a packing this machine cannot run is a ValueError."""
+    if pack is None:
+        return "onednn" if onednn_packs(dtype, device) else "none"
+    name = {True: "onednn", False: "none"}.get(pack, pack)
+    if name not in PACKINGS:
+        raise ValueError(f"unknown packing {pack!r}: use one of {', '.join(PACKINGS)}")
+    runs = {"onednn": onednn_packs, "fp16": fp16_packs}.get(name)
+    if runs is not None and not runs(dtype, device):
+        raise ValueError(f"{name} cannot pack {dtype} weights on {device}")
+    return name
 
 
 @dataclass
@@ -160,7 +193,7 @@ class KVCache:
 class LeanLlama:
     """The forward pass of a Llama-family model over a KVCache; returns hidden states (the head is the caller's)."""
 
-    def __init__(self, model, max_positions: int, pack: bool | None = None, static: bool | None = None):
+    def __init__(self, model, max_positions: int, pack: str | bool | None = None, static: bool | None = None):
         cfg = model.config
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
@@ -170,17 +203,16 @@ class LeanLlama:
         self.eps = cfg.rms_norm_eps
         self.embed = model.get_input_embeddings().weight  # [V, H]
         self.norm = model.model.norm.weight  # [H]
-        self.packed = onednn_packs(self.dtype, self.device) if pack is None else pack
-        if self.packed and not onednn_packs(self.dtype, self.device):
-            raise ValueError(f"oneDNN cannot pack {self.dtype} weights on {self.device}")
+        self.packing = pick_packing(pack, self.dtype, self.device)
+        self.packed = self.packing != "none"
         # fused (and packed) once per model and shared by every LeanLlama over it (each Decoder builds one)
-        key = "_lean_packed" if self.packed else "_lean_layers"
+        key = f"_lean_{self.packing}"
         built = model.__dict__.get(key)  # (layers, head)
         q = model.model.layers[0].self_attn.q_proj.weight
         if built is None or built[0][0].qkv.weight.data_ptr() != q.data_ptr():  # never built, or moved/cast since
             head = model.get_output_embeddings()
-            built = model.__dict__[key] = ([self._fuse(layer, self.packed) for layer in model.model.layers],
-                                           Matmul.of(head.weight, head.bias, self.packed))
+            built = model.__dict__[key] = ([self._fuse(layer, self.packing) for layer in model.model.layers],
+                                           Matmul.of(head.weight, head.bias, self.packing))
         self.layers = built[0]
         self.head = built[1]  # logits [n, V] from final hidden states [n, H]
         self.theta, self.max_positions = _rope_theta(cfg), max_positions
@@ -195,7 +227,7 @@ class LeanLlama:
 
     @staticmethod
     @torch.no_grad()
-    def _fuse(layer, pack: bool) -> _Layer:
+    def _fuse(layer, pack: str) -> _Layer:
         """One matmul for q, k and v, one for gate and up. The modules' own weights become views into the fused
         tensors, so the model holds its weights once and the transformers path keeps working on them."""
         at, mlp = layer.self_attn, layer.mlp
@@ -227,6 +259,8 @@ class LeanLlama:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op, bit-identical to transformers' five in fp32 (not in half dtypes)
+            return torch.rms_norm(x, weight.shape, weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
@@ -266,11 +300,11 @@ class LeanLlama:
         for li, layer in enumerate(self.layers):
             h = self._rms(x, layer.norm_in)
             qkv = layer.qkv(h)  # [n, (Hq + 2 Hkv) D]
-            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
-            q = self._rotate(q.view(n, Hq, D).transpose(0, 1), cos, sin)  # [Hq, n, D]
-            k = self._rotate(k.view(n, Hkv, D).transpose(0, 1), cos, sin)  # [Hkv, n, D]
+            heads = qkv.view(n, Hq + 2 * Hkv, D).transpose(0, 1)  # [Hq + 2 Hkv, n, D]
+            qk = self._rotate(heads[: Hq + Hkv], cos, sin)  # q and k heads in one rotation (fewer small ops)
+            q, k = qk[:Hq], qk[Hq:]  # [Hq, n, D], [Hkv, n, D]
             cache.k[li, :, rows] = k
-            cache.v[li, :, rows] = v.view(n, Hkv, D).transpose(0, 1)
+            cache.v[li, :, rows] = heads[Hq + Hkv :]
             K, V = cache.k[li, :, :keys], cache.v[li, :, :keys]  # [Hkv, S, D]
             # query heads grouped under their key head: no copy of the cache per query head
             q = q.reshape(Hkv, group * n, D)

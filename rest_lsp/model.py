@@ -31,6 +31,9 @@ __all__ = ["DEFAULT_GGUF_NAME", "DEFAULT_MODEL", "LoadedModel", "ModelLoadError"
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# fp32 activations and arithmetic over fp16 copies of the linear weights (CPU, fbgemm): a step streams half the bytes
+# of fp32; the weights round to fp16 once, so it is not the exact mode (README, "float16-weights").
+FP16_WEIGHTS = "float16-weights"
 
 
 @dataclass
@@ -68,6 +71,12 @@ class LoadedModel:
     dtype: torch.dtype
     name: str
     notes: list[str] = field(default_factory=list)  # sentences for the user: what was chosen instead of what was asked
+    packing: str | None = None  # the lean engine's weight packing ("fp16": float16-weights); None: the engine's own
+
+    @property
+    def mode(self) -> str:
+        """The numerics outputs depend on: "float32", "bfloat16", "float16" or "float16-weights"."""
+        return FP16_WEIGHTS if self.packing == "fp16" else str(self.dtype).removeprefix("torch.")
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -106,7 +115,7 @@ def pick_dtype(dtype: str | None, device: torch.device) -> tuple[torch.dtype, st
     if dtype in (None, "", "auto"):
         return (torch.bfloat16 if device.type == "cpu" and native_bf16() else torch.float32), None
     if dtype not in DTYPES:
-        raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)} or 'auto'.")
+        raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)}, {FP16_WEIGHTS} or 'auto'.")
     return runnable_dtype(device, DTYPES[dtype])
 
 
@@ -229,9 +238,23 @@ def _gguf_tokenizer(folder: str, gguf_file: str):
     return tok
 
 
+def pick_packing(dtype: str | None, device: torch.device) -> tuple[str | None, str | None]:
+    """(the lean engine's weight packing, a sentence for the user when float16-weights cannot run here)."""
+    from rest_lsp.lean_llama import fp16_packs
+
+    if dtype != FP16_WEIGHTS:
+        return None, None
+    if fp16_packs(torch.float32, device):
+        return "fp16", None
+    return None, (f"float16-weights runs on a CPU with a torch built with fbgemm, not on {device}: rest-lsp runs "
+                  "the model in float32 instead.")
+
+
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     dev = pick_device(device)
-    dt, note = pick_dtype(dtype, dev)
+    packing, note = pick_packing(dtype, dev)
+    dt, dtype_note = pick_dtype("float32" if dtype == FP16_WEIGHTS else dtype, dev)
+    note = note or dtype_note
     if note:
         log.warning(note)
     model, tok = _load(spec, dt)
@@ -239,4 +262,4 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
     saved_tokenizer.keep(spec, tok)
     tokenizer = Tokenizer(tok)
     return LoadedModel(model=model, tokenizer=tokenizer, device=dev, dtype=dt, name=spec or DEFAULT_MODEL,
-                       notes=[note] if note else [])
+                       notes=[note] if note else [], packing=packing)

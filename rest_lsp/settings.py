@@ -24,7 +24,7 @@ SECTION_NAMES = ("rest-lsp", "restLsp", "rest_lsp")
 class Settings:
     model: str | None = None  # HF hub id, local folder or .gguf file; None = the bundled default
     device: str | None = None  # "cpu", "cuda", "cuda:1", "mps"; None = best available
-    dtype: str | None = None  # "float32", "bfloat16", "float16"; None = the model loader's choice
+    dtype: str | None = None  # "float32", "bfloat16", "float16", "float16-weights"; None = the model loader's choice
     max_new_tokens: int = 64
     draft_budget: int = 16  # draft-tree nodes verified per step; 0 = plain decoding (no REST)
     draft_exclude: tuple[str, ...] = ()  # draft sources left out (drafts.SOURCE_NAMES), for comparisons
@@ -109,7 +109,7 @@ _RANGES = {
     "suggestion_cache_size": (0, 100_000),
     "max_file_bytes": (1, 1 << 34),
 }
-_DTYPES = ("float32", "float16", "bfloat16", "auto")
+_DTYPES = ("float32", "float16", "bfloat16", "float16-weights", "auto")
 
 
 def _check(name: str, value: Any) -> Any:
