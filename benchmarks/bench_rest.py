@@ -142,6 +142,9 @@ def main() -> None:
     ap.add_argument("--eager-engine", action="store_true",
                     help="also run plain and REST on the lean engine's eager step (the default on a GPU replays "
                          "static steps from CUDA graphs)")
+    ap.add_argument("--other-mode", action="store_true",
+                    help="also run plain and REST in the CPU's other mode: float32 (exact) when the default is "
+                         "float16-weights (fp32 arithmetic over fp16 copies of the linear weights), else that")
     ap.add_argument("--llama-cpp", action="store_true",
                     help="also time llama.cpp's plain decoding of the same GGUF and prompts (pip install -e .[bench])")
     args = ap.parse_args()
@@ -154,7 +157,7 @@ def main() -> None:
 
     budget = default_budget(loaded) if args.budget is None else args.budget
     where = torch.cuda.get_device_name(loaded.device) if loaded.device.type == "cuda" else "CPU"
-    print(f"model {loaded.name} on {loaded.device} ({where}, {loaded.dtype}), torch threads {torch.get_num_threads()}; "
+    print(f"model {loaded.name} on {loaded.device} ({where}, {loaded.mode}), torch threads {torch.get_num_threads()}; "
           f"{args.max_new_tokens} new tokens; REST budget {budget}")
 
     # One decoder per REST configuration, each with its own cache, learned acceptance and model habits, all
@@ -162,9 +165,16 @@ def main() -> None:
     configs = ["own-plain", "rest"] + (["fixed"] if args.compare_fixed else []) + (["useless"] if args.useless else [])
     configs += ["rest-transformers"] if args.transformers_engine else []
     configs += ["own-plain-eager", "rest-eager"] if args.eager_engine else []
+    # the default mode's configurations, and "-fp32" / "-fp16w" ones in the other mode; each mode's REST output is
+    # compared with plain decoding in the same mode (transformers' generate for fp32, our plain step for fp16w)
+    default_mode = "fp16w" if loaded.packing == "fp16" else "fp32"
+    other = "fp32" if default_mode == "fp16w" else "fp16w"
+    configs += [f"own-plain-{other}", f"rest-{other}"] if args.other_mode else []
+    mode = {c: c.rsplit("-", 1)[1] if c.endswith(("-fp32", "-fp16w")) else default_mode for c in configs}
     if args.ablate:
         configs += [f"-{name}" for name in SOURCE_NAMES]
-    decoders = {c: Decoder(loaded, lean=c != "rest-transformers", static=False if c.endswith("-eager") else None)
+    decoders = {c: Decoder(loaded, lean=c != "rest-transformers", static=False if c.endswith("-eager") else None,
+                           pack="fp16" if mode[c] == "fp16w" else "onednn" if c.endswith("-fp32") else None)
                 for c in configs}
     found = {}
     for d in decoders.values():  # this machine's step-cost curve, per engine
@@ -206,6 +216,7 @@ def main() -> None:
                 "prompt_tokens": len(prompt), "plain_ms_per_token": plain_ms, "pld_ms_per_token": pld_ms,
                 "speedup_pld": plain_ms / pld_ms, "pld_equals_plain": pld == plain,
             }
+            written = {}  # config -> its tokens: float16-weights is compared with its own plain decoding
             for c in configs:
                 if c == "useless":
                     drafts = Useless(loaded.model.config.vocab_size, args.seed)
@@ -216,12 +227,14 @@ def main() -> None:
                 result = decoders[c].generate(prompt, drafts, DecodeConfig(
                     max_new_tokens=n, budget=0 if c.startswith("own-plain") else budget, fit_to_cost=c != "fixed"))
                 outputs[c].add(prompt[-32:], result.tokens)
+                written[c] = result.tokens
                 row.update({
                     f"{c}_ms_per_token": result.ms_per_token,
                     f"{c}_tokens_per_step": result.tokens_per_step,
                     f"{c}_draft_share": result.draft_ms / result.decode_ms,  # of decode time: retrieval + trees
                     f"speedup_{c}": plain_ms / result.ms_per_token,
-                    f"{c}_equals_plain": result.tokens == plain,
+                    f"{c}_equals_plain": result.tokens == (plain if mode[c] == "fp32" else written[
+                        "own-plain" if mode[c] == default_mode else f"own-plain-{mode[c]}"]),
                 })
             store.put(str(path), token_lists[files.index(path)])
             rows.append(row)
@@ -245,14 +258,18 @@ def main() -> None:
         "median_pld_ms_per_token": med("pld_ms_per_token"),
         "median_speedup_pld": med("speedup_pld"),
         "pld_identical": sum(r["pld_equals_plain"] for r in rows),
-        "budget": budget, "device": str(loaded.device), "dtype": str(loaded.dtype), "max_new_tokens": n,
+        "budget": budget, "device": str(loaded.device), "dtype": loaded.mode, "max_new_tokens": n,
     }
-    labels = {"own-plain": "plain, rest-lsp's engine (no drafts)", "rest": "REST (default)",
+    names = {"fp32": "float32", "fp16w": "float16-weights"}
+    labels = {"own-plain": f"plain, rest-lsp's engine (no drafts), {names[default_mode]}",
+              "rest": f"REST (default: {names[default_mode]})",
+              f"own-plain-{other}": f"plain, rest-lsp's engine, {names[other]}", f"rest-{other}": f"REST, {names[other]}",
               "own-plain-eager": "plain, rest-lsp's engine, eager step", "rest-eager": "REST, eager step",
-              "rest-transformers": "REST on transformers' forward", "fixed": "REST, full budget every step", "useless": "REST, always-wrong source",
+              "rest-transformers": "REST on transformers' forward",
+              "fixed": "REST, full budget every step", "useless": "REST, always-wrong source",
               **{f"-{s}": f"REST without {s}" for s in SOURCE_NAMES}}
     print("\n| configuration | median ms/token | median tokens/step | median speedup vs plain | vs prompt lookup | "
-          "slowest prompt vs plain | identical to plain | drafting share of decode time |")
+          "slowest prompt vs plain | identical to plain decoding in its mode | drafting share of decode time |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| plain (transformers generate) | {summary['median_plain_ms_per_token']:.1f} | 1 | 1x | | | - | - |")
     print(f"| prompt lookup (generate) | {summary['median_pld_ms_per_token']:.1f} | - | {summary['median_speedup_pld']:.2f}x | "
@@ -269,7 +286,7 @@ def main() -> None:
               f"{summary['median_plain_ms_per_token'] / m:.2f}x | | | - | - |")
     for c in configs:
         vs_pld = statistics.median(r["pld_ms_per_token"] / r[f"{c}_ms_per_token"] for r in rows)
-        summary[c] = {
+        summary[c] = x = {
             "median_ms_per_token": med(f"{c}_ms_per_token"),
             "median_tokens_per_step": med(f"{c}_tokens_per_step"),
             "median_speedup": med(f"speedup_{c}"),
@@ -278,10 +295,20 @@ def main() -> None:
             "identical": sum(r[f"{c}_equals_plain"] for r in rows),
             "median_draft_share": med(f"{c}_draft_share"),
         }
-        x = summary[c]
+        if args.llama_cpp:  # this configuration's ms/token over llama.cpp's, prompt by prompt
+            x["vs_llama_cpp"] = statistics.median(r[f"{c}_ms_per_token"] / r["llama_cpp_ms_per_token"] for r in rows)
         print(f"| {labels[c]} | {x['median_ms_per_token']:.1f} | {x['median_tokens_per_step']:.2f} | "
               f"{x['median_speedup']:.2f}x | {vs_pld:.2f}x | {x['slowest_speedup']:.2f}x | {x['identical']}/{len(rows)} | "
               f"{100 * x['median_draft_share']:.1f}% |")
+    if args.llama_cpp:
+        print("\n| configuration | ms/token over llama.cpp's (median of prompts) | slowest prompt vs our plain step in "
+              "the same mode |")
+        print("|---|---|---|")
+        for c in configs:
+            own = "own-plain" if mode[c] == default_mode else f"own-plain-{mode[c]}"
+            slowest = min(r[f"{own}_ms_per_token"] / r[f"{c}_ms_per_token"] for r in rows)
+            summary[c]["slowest_vs_own_plain"] = slowest
+            print(f"| {labels[c]} | {summary[c]['vs_llama_cpp']:.2f}x | {slowest:.2f}x |")
     if len(corpora) > 1:
         print("\n| corpus | prompts | REST median speedup | REST tokens/step | PLD median speedup |")
         print("|---|---|---|---|---|")

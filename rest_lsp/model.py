@@ -238,10 +238,22 @@ def _gguf_tokenizer(folder: str, gguf_file: str):
     return tok
 
 
-def pick_packing(dtype: str | None, device: torch.device) -> tuple[str | None, str | None]:
-    """(the lean engine's weight packing, a sentence for the user when float16-weights cannot run here)."""
+def pick_packing(dtype: str | None, device: torch.device, gguf: bool = False) -> tuple[str | None, str | None]:
+    """(the lean engine's weight packing, a sentence for the user when float16-weights cannot run here).
+
+    float16-weights when asked for, and by default for a .gguf model on a CPU that has no bf16 in hardware: a
+    GGUF's weights are quantized (4-8 bits in most files, as the default model's Q4_1) or half already, so their
+    fp16 copies round far below the quantization's own error, and a step streams half of fp32's bytes. Measured on
+    31 function starts (benchmarks/bench_bf16.py): REST in float16-weights wrote what plain decoding in that mode
+    writes 31/31 times, and what fp32 writes 28/31 times. `--dtype float32` is the exact mode.
+    """
+    from rest_lsp.calibration import native_bf16
     from rest_lsp.lean_llama import fp16_packs
 
+    if dtype in (None, "", "auto"):
+        if gguf and device.type == "cpu" and not native_bf16() and fp16_packs(torch.float32, device):
+            return "fp16", None
+        return None, None
     if dtype != FP16_WEIGHTS:
         return None, None
     if fp16_packs(torch.float32, device):
@@ -252,8 +264,8 @@ def pick_packing(dtype: str | None, device: torch.device) -> tuple[str | None, s
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     dev = pick_device(device)
-    packing, note = pick_packing(dtype, dev)
     dt, dtype_note = pick_dtype("float32" if dtype == FP16_WEIGHTS else dtype, dev)
+    packing, note = pick_packing(dtype, dev, gguf=_resolve(spec)[1] is not None) if dt == torch.float32 else (None, None)
     note = note or dtype_note
     if note:
         log.warning(note)

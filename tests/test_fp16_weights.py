@@ -83,6 +83,22 @@ def test_the_default_model_in_float16_weights_drafts_what_it_decodes(default_mod
     assert (a - b).abs().max() < 0.5 and a.argmax() == b.argmax()
 
 
+def test_a_gguf_model_defaults_to_float16_weights_on_a_cpu_without_bf16(monkeypatch):
+    """A GGUF's weights are quantized or half already: by default they run as fp16 copies on a CPU without bf16
+    in hardware; a model folder keeps fp32 (the exact mode), and a CPU with bf16 keeps its bf16 default."""
+    from rest_lsp import calibration
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(calibration, "native_bf16", lambda *a, **k: False)
+    assert pick_model_packing(None, cpu, gguf=True) == ("fp16", None)
+    assert pick_model_packing("auto", cpu, gguf=True) == ("fp16", None)
+    assert pick_model_packing(None, cpu, gguf=False) == (None, None)
+    assert pick_model_packing("float32", cpu, gguf=True) == (None, None)  # the exact mode, asked for
+    assert pick_model_packing(None, torch.device("cuda"), gguf=True) == (None, None)
+    monkeypatch.setattr(calibration, "native_bf16", lambda *a, **k: True)
+    assert pick_model_packing(None, cpu, gguf=True) == (None, None)
+
+
 def test_float16_weights_elsewhere_runs_float32_and_says_so():
     assert pick_model_packing(FP16_WEIGHTS, torch.device("cpu")) == ("fp16", None)
     packing, note = pick_model_packing(FP16_WEIGHTS, torch.device("cuda"))

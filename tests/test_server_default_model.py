@@ -37,8 +37,11 @@ async def test_inline_completion_with_the_default_model(default_model, tmp_path:
     assert not expected.startswith("\n"), expected
     root = tmp_path / "workspace"
     root.mkdir()
-    # REST on, server defaults; no time budget: the answer is compared with the whole greedy continuation
-    options = {"maxNewTokens": MAX_NEW, "cacheDir": str(tmp_path / "index"), "timeBudgetMs": 0, "waitBudgetMs": 0}
+    # REST on, server defaults but the exact mode (a .gguf model defaults to float16-weights on a CPU without bf16,
+    # whose output may leave fp32's near a tie) and no time budget: the answer is compared with the whole greedy
+    # continuation of transformers' fp32 generate
+    options = {"maxNewTokens": MAX_NEW, "cacheDir": str(tmp_path / "index"), "timeBudgetMs": 0, "waitBudgetMs": 0,
+               "dtype": "float32"}
     client, _ = await start(server_command(), root, "visual-studio-code", options)
     try:
         async def ready():
