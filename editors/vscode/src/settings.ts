@@ -33,7 +33,7 @@ export const DEFAULT_SETTINGS: RestLspSettings = {
   showInSuggestList: false,
 };
 
-const DTYPES = ["", "float32", "float16", "bfloat16"];
+const DTYPES = ["", "float32", "float16", "bfloat16", "float16-weights"];
 
 export interface ReadResult {
   settings: RestLspSettings;
@@ -79,7 +79,7 @@ export function readSettings(get: (key: string) => unknown): ReadResult {
 
   let dtype = str("dtype", d.dtype);
   if (!DTYPES.includes(dtype)) {
-    problems.push(`restLsp.dtype must be one of float32, float16, bfloat16 or empty; "${dtype}" is none of them, so the server chooses.`);
+    problems.push(`restLsp.dtype must be one of float32, float16, bfloat16, float16-weights or empty; "${dtype}" is none of them, so the server chooses.`);
     dtype = d.dtype;
   }
   let serverCommand = str("server.command", d.serverCommand);

@@ -27,7 +27,7 @@ local defaults = {
   settings = {
     model = nil, -- Hugging Face id, local folder or .gguf file (default: the bundled SmolLM2-135M)
     device = nil, -- "cpu", "cuda", "cuda:1", "mps"
-    dtype = nil, -- "float32", "float16", "bfloat16"
+    dtype = nil, -- "float32" (exact), "float16", "bfloat16", "float16-weights"
     max_new_tokens = nil, -- server default 64
     draft_budget = nil, -- draft tokens checked per step; 0 = plain decoding (server default 16)
     debounce_ms = nil, -- the server's own wait before decoding (server default 20)
