@@ -30,7 +30,7 @@ differ between configurations. It writes every request's record to a JSON file a
 distributions to a PNG beside it (benchmarks/results/ by default).
 
     .venv/bin/python benchmarks/bench_replay.py [--corpus DIR ...] [--functions 4] [--lines 8] [--mode line]
-        [--pause-ms 100] [--configs rest,plain] [--seed 0] [--model M] [--max-new-tokens N]
+        [--pause-ms 100] [--configs rest,plain] [--seed 0] [--model M] [--max-new-tokens N] [--dtype T]
 """
 
 from __future__ import annotations
@@ -329,6 +329,8 @@ async def run_process(args: argparse.Namespace, config: str, root: Path, work: P
         flags += ["--model", args.model]
     if args.max_new_tokens:
         flags += ["--max-new-tokens", str(args.max_new_tokens)]
+    if args.dtype:
+        flags += ["--dtype", args.dtype]
     t0 = time.perf_counter()
     session = await ServerSession.start(server_command(*flags), root)
     try:
@@ -386,7 +388,7 @@ async def run(args: argparse.Namespace) -> dict:
     return {
         "driver": "the real server over stdio (pygls LanguageClient); time from request sent to reply received",
         "model": args.model or "default (SmolLM2-135M-Instruct, from its .gguf)",
-        "device": "server default (cpu here: float32)", "cpu_count": os.cpu_count(),
+        "device": "server default (cpu here)", "dtype": args.dtype or "server default", "cpu_count": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
         "seed": args.seed, "functions_per_corpus": args.functions, "max_lines": args.lines, "modes": modes,
         "pause_ms": args.pause_ms, "max_new_tokens": args.max_new_tokens or "server default",
@@ -587,6 +589,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="default: the server's (the bundled default model)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the server's")
+    parser.add_argument("--dtype", default=None,
+                        help="the servers' --dtype (default: theirs; float32 is the exact mode, float16-weights the "
+                             "default for the bundled .gguf model on a CPU without bf16)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "replay.json",
                         help="the JSON of all requests; the PNG goes beside it")
     args = parser.parse_args(argv)

@@ -67,18 +67,6 @@ def llama_cpp_runs(
     return [_greedy(llm, p, n_new) for p in ids]
 
 
-class LlamaPeer:
-    """llama.cpp loaded once, timed prompt by prompt (bench_rest interleaves it with its own runs, so a machine
-    whose speed drifts during the benchmark slows both sides alike)."""
-
-    def __init__(self, gguf_path: str | Path, n_ctx: int, threads: int):
-        self.llm = _llama(gguf_path, n_ctx=n_ctx, threads=threads)
-        _greedy(self.llm, [1] * 16, 4)  # warm-up: first calls allocate and page the weights in
-
-    def plain(self, prompt: Sequence[int], n_new: int) -> PeerRun:
-        return _greedy(self.llm, prompt, n_new)
-
-
 def llama_cpp_plain(
     gguf_path: str | Path, prompts: Sequence[Sequence[int]] | Sequence[str], n_new: int, threads: int
 ) -> list[float]:

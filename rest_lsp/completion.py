@@ -589,6 +589,9 @@ class CompletionService:
         with self._lock:
             return {
                 "model": self._loaded.name if self._loaded is not None else None,
+                # the numerics outputs follow ("float32" is the exact mode) and the forward pass that runs them
+                "dtype": self._loaded.mode if self._loaded is not None else None,
+                "engine": self._decoder.engine if self._decoder is not None else None,
                 "ready": self._ready.is_set(),
                 "load_error": self.load_error,
                 "fim": self._model.fim.template.name if self._model is not None and self._model.fim else None,

@@ -121,3 +121,14 @@ def test_lean_engines_over_one_model_keep_their_own_packing(cpu_tiny):
     exact = LeanLlama(cpu_tiny.model, 64)
     assert fp16.layers[0].qkv.fp16 is not None and exact.layers[0].qkv.fp16 is None
     assert LeanLlama(cpu_tiny.model, 64, pack="fp16").layers is fp16.layers  # packed once per model
+
+
+def test_the_bundled_gguf_model_loads_in_float16_weights_by_default(monkeypatch):
+    from rest_lsp import calibration
+    from rest_lsp.model import load_model
+
+    monkeypatch.setattr(calibration, "native_bf16", lambda *a, **k: False)
+    loaded = load_model(None, "cpu")
+    assert loaded.mode == FP16_WEIGHTS and loaded.dtype == torch.float32 and not loaded.notes
+    assert Decoder(loaded).engine == "lean-fp16"
+    assert load_model(None, "cpu", "float32").mode == "float32"

@@ -51,6 +51,7 @@ async def test_inline_completion_with_the_default_model(default_model, tmp_path:
 
         stats = await wait_until(ready, timeout=LOAD_TIMEOUT_S)
         assert stats and stats["model"] == DEFAULT_MODEL
+        assert stats["dtype"] == "float32" and stats["engine"].startswith("lean")  # as asked: the exact mode
         uri = (root / "walk.py").as_uri()
         open_doc(client, uri, BEFORE + AFTER)
         result = await inline(client, uri, *cursor_at_end(BEFORE))
