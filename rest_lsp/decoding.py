@@ -79,7 +79,7 @@ CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.6
 PACKED_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.08, 4: 1.23, 8: 1.63, 16: 2.09, 32: 2.78, 64: 4.53})
 # The same on fbgemm's fp16 weights (float16-weights; its kernels take rows in blocks of 6, and 6+ rows are
 # compute-bound on 2 AVX2 cores): measured by calibrate(), 33 ms for one token.
-FP16_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.0, 4: 1.16, 6: 1.47, 8: 1.57, 12: 1.78, 16: 2.06, 32: 3.03, 64: 5.48})
+FP16_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.1, 4: 1.16, 6: 1.47, 8: 1.57, 12: 1.78, 16: 2.06, 32: 3.03, 64: 5.48})
 FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
 
 

@@ -235,9 +235,24 @@ def test_where_2_costs_more_than_4_a_single_draft_gives_way_to_a_larger_tree():
     assert len(fit_to_cost(_tree([0.5, 0.2, 0.2]), cost)) == 4
 
 
-def test_relative_curve_floors_noise_at_one_and_keeps_real_dips():
-    rel = relative_curve({1: 10.0, 2: 9.0, 4: 12.0, 8: 11.0})
-    assert rel == {1: 1.0, 2: 1.0, 4: 1.2, 8: 1.1}
+def test_relative_curve_never_prices_a_draft_as_free_and_keeps_real_dips():
+    rel = relative_curve({1: 10.0, 2: 9.0, 4: 12.0, 8: 11.0, 16: 10.2})
+    assert rel == {1: 1.0, 2: 1.05, 4: 1.2, 8: 1.1, 16: 1.05}
+
+
+def test_a_draft_that_is_never_accepted_stops_being_drafted_on_a_flat_measured_curve():
+    """The acceptance model keeps a small exploration bonus for every bucket; on a curve whose 2-token step measured
+    as cheap as one token, the floor is what drops a draft that is always rejected."""
+    from rest_lsp.acceptance import AcceptanceModel
+
+    cost = cost_curve(relative_curve({1: 30.0, 2: 29.5, 4: 34.0}))
+    model = AcceptanceModel()
+    key = ("useless", 5, 1)
+    for _ in range(2000):
+        model.observe(key, 1.0, accepted=False)
+    p = model.probability(key, 1.0)
+    assert 0 < p < calibration.MIN_DRAFT_COST
+    assert len(fit_to_cost(_tree([p]), cost)) == 1  # the root alone
 
 
 # -- dtype by hardware ---------------------------------------------------------------------------------------------
