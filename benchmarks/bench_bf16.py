@@ -125,7 +125,8 @@ def main() -> None:
         print(f"| {a_name} | {b_name} | {same}/{len(rows)} ({100 * same / len(rows):.0f}%) | {at} |")
     RESULTS.mkdir(exist_ok=True)
     summary["device"] = str(fp32.device)
-    (RESULTS / f"bf16-{'-'.join(modes) or 'fp32'}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    out = RESULTS / f"bf16-{'-'.join(modes) or 'fp32'}.json"
+    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

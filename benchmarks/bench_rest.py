@@ -263,7 +263,8 @@ def main() -> None:
     names = {"fp32": "float32", "fp16w": "float16-weights"}
     labels = {"own-plain": f"plain, rest-lsp's engine (no drafts), {names[default_mode]}",
               "rest": f"REST (default: {names[default_mode]})",
-              f"own-plain-{other}": f"plain, rest-lsp's engine, {names[other]}", f"rest-{other}": f"REST, {names[other]}",
+              f"own-plain-{other}": f"plain, rest-lsp's engine, {names[other]}",
+              f"rest-{other}": f"REST, {names[other]}",
               "own-plain-eager": "plain, rest-lsp's engine, eager step", "rest-eager": "REST, eager step",
               "rest-transformers": "REST on transformers' forward",
               "fixed": "REST, full budget every step", "useless": "REST, always-wrong source",

@@ -113,9 +113,9 @@ def measure_step_times(
 
     Sizes are interleaved within each round so that a busy moment of the machine hits all of them alike; the
     first round warms up (kernel choice, allocations) and is dropped. Each size runs twice in a row and the second
-    step is timed: a step right after one of another size paid for the switch (a one-token step after a 64-token
-    one took 10-15% longer than in a decoding loop here, which made a 2-token tree look cheaper than one token). Rounds stop early past `max_seconds` (at
-    least one is measured): on cores shared with other work a long calibration only measures the neighbours.
+    step is timed, as in a decoding loop, where a step follows one of about its size (that alone did not make the
+    2-token step cost what it does in a loop: see MIN_DRAFT_COST). Rounds stop early past `max_seconds` (at least
+    one is measured): on cores shared with other work a long calibration only measures the neighbours.
     Raises Interrupted when `should_stop()`.
     """
     start = time.perf_counter()

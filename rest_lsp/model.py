@@ -265,7 +265,9 @@ def pick_packing(dtype: str | None, device: torch.device, gguf: bool = False) ->
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     dev = pick_device(device)
     dt, dtype_note = pick_dtype("float32" if dtype == FP16_WEIGHTS else dtype, dev)
-    packing, note = pick_packing(dtype, dev, gguf=_resolve(spec)[1] is not None) if dt == torch.float32 else (None, None)
+    packing, note = None, None
+    if dt == torch.float32:  # float16-weights computes in fp32; a bf16 or fp16 model keeps its own weights
+        packing, note = pick_packing(dtype, dev, gguf=_resolve(spec)[1] is not None)
     note = note or dtype_note
     if note:
         log.warning(note)
