@@ -171,6 +171,11 @@ def main() -> None:
     other = "fp32" if default_mode == "fp16w" else "fp16w"
     configs += [f"own-plain-{other}", f"rest-{other}"] if args.other_mode else []
     mode = {c: c.rsplit("-", 1)[1] if c.endswith(("-fp32", "-fp16w")) else default_mode for c in configs}
+
+    def own_plain(c: str) -> str:
+        """Our plain decoding in c's mode."""
+        return "own-plain" if mode[c] == default_mode else f"own-plain-{mode[c]}"
+
     if args.ablate:
         configs += [f"-{name}" for name in SOURCE_NAMES]
     decoders = {c: Decoder(loaded, lean=c != "rest-transformers", static=False if c.endswith("-eager") else None,
@@ -233,8 +238,7 @@ def main() -> None:
                     f"{c}_tokens_per_step": result.tokens_per_step,
                     f"{c}_draft_share": result.draft_ms / result.decode_ms,  # of decode time: retrieval + trees
                     f"speedup_{c}": plain_ms / result.ms_per_token,
-                    f"{c}_equals_plain": result.tokens == (plain if mode[c] == "fp32" else written[
-                        "own-plain" if mode[c] == default_mode else f"own-plain-{mode[c]}"]),
+                    f"{c}_equals_plain": result.tokens == (plain if mode[c] == "fp32" else written[own_plain(c)]),
                 })
             store.put(str(path), token_lists[files.index(path)])
             rows.append(row)
@@ -307,8 +311,7 @@ def main() -> None:
               "the same mode |")
         print("|---|---|---|")
         for c in configs:
-            own = "own-plain" if mode[c] == default_mode else f"own-plain-{mode[c]}"
-            slowest = min(r[f"{own}_ms_per_token"] / r[f"{c}_ms_per_token"] for r in rows)
+            slowest = min(r[f"{own_plain(c)}_ms_per_token"] / r[f"{c}_ms_per_token"] for r in rows)
             summary[c]["slowest_vs_own_plain"] = slowest
             print(f"| {labels[c]} | {summary[c]['vs_llama_cpp']:.2f}x | {slowest:.2f}x |")
     if len(corpora) > 1:

@@ -590,7 +590,7 @@ class CompletionService:
             return {
                 "model": self._loaded.name if self._loaded is not None else None,
                 # the numerics outputs follow ("float32" is the exact mode) and the forward pass that runs them
-                "dtype": self._loaded.mode if self._loaded is not None else None,
+                "dtype": self._decoder.mode if self._decoder is not None else None,
                 "engine": self._decoder.engine if self._decoder is not None else None,
                 "ready": self._ready.is_set(),
                 "load_error": self.load_error,

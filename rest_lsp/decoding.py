@@ -22,7 +22,7 @@ from rest_lsp.calibration import Calibration, calibrate
 from rest_lsp.draft_tree import DraftTree, build_tree, fit_to_cost, tree_attention_mask, tree_position_ids
 from rest_lsp.drafts import DraftSource, Proposal, propose
 from rest_lsp.lean_llama import KVCache, LeanLlama, unsupported
-from rest_lsp.model import LoadedModel, ModelLoadError, cache_root
+from rest_lsp.model import LoadedModel, ModelLoadError, cache_root, mode_name
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +315,11 @@ class Decoder:
         if found is not None:
             self.step_cost, self.calibration = found.curve, found
         return found
+
+    @property
+    def mode(self) -> str:
+        """The numerics this decoder's outputs follow ("float32" is the exact mode)."""
+        return mode_name(self.dtype, self.lean.packing if self.lean is not None else None)
 
     @property
     def engine(self) -> str:

@@ -107,5 +107,5 @@ def run_generate(request: GenerateRequest, warn: Callable[[str], None]) -> dict:
         "budget": budget,
         "model": loaded.name,
         "device": str(loaded.device),
-        "dtype": loaded.mode,
+        "dtype": decoder.mode,
     }

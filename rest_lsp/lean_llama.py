@@ -204,7 +204,6 @@ class LeanLlama:
         self.embed = model.get_input_embeddings().weight  # [V, H]
         self.norm = model.model.norm.weight  # [H]
         self.packing = pick_packing(pack, self.dtype, self.device)
-        self.packed = self.packing != "none"
         # fused (and packed) once per model and shared by every LeanLlama over it (each Decoder builds one)
         key = f"_lean_{self.packing}"
         built = model.__dict__.get(key)  # (layers, head)

@@ -36,6 +36,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 FP16_WEIGHTS = "float16-weights"
 
 
+def mode_name(dtype: torch.dtype, packing: str | None) -> str:
+    """The numerics outputs depend on: "float32", "bfloat16", "float16" or "float16-weights"."""
+    return FP16_WEIGHTS if packing == "fp16" else str(dtype).removeprefix("torch.")
+
+
 @dataclass
 class Tokenizer:
     """The model's fast tokenizer, as the rest of rest-lsp needs it: text <-> ids, no special tokens added."""
@@ -75,8 +80,8 @@ class LoadedModel:
 
     @property
     def mode(self) -> str:
-        """The numerics outputs depend on: "float32", "bfloat16", "float16" or "float16-weights"."""
-        return FP16_WEIGHTS if self.packing == "fp16" else str(self.dtype).removeprefix("torch.")
+        """The numerics asked for at load time (a model the lean engine cannot run stays fp32: Decoder.mode)."""
+        return mode_name(self.dtype, self.packing)
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -238,7 +243,7 @@ def _gguf_tokenizer(folder: str, gguf_file: str):
     return tok
 
 
-def pick_packing(dtype: str | None, device: torch.device, gguf: bool = False) -> tuple[str | None, str | None]:
+def pick_weight_packing(dtype: str | None, device: torch.device, gguf: bool = False) -> tuple[str | None, str | None]:
     """(the lean engine's weight packing, a sentence for the user when float16-weights cannot run here).
 
     float16-weights when asked for, and by default for a .gguf model on a CPU that has no bf16 in hardware: a
@@ -267,7 +272,7 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
     dt, dtype_note = pick_dtype("float32" if dtype == FP16_WEIGHTS else dtype, dev)
     packing, note = None, None
     if dt == torch.float32:  # float16-weights computes in fp32; a bf16 or fp16 model keeps its own weights
-        packing, note = pick_packing(dtype, dev, gguf=_resolve(spec)[1] is not None)
+        packing, note = pick_weight_packing(dtype, dev, gguf=_resolve(spec)[1] is not None)
     note = note or dtype_note
     if note:
         log.warning(note)

@@ -11,7 +11,7 @@ import torch
 
 from rest_lsp.decoding import DecodeConfig, Decoder
 from rest_lsp.lean_llama import LeanLlama, Matmul, fp16_packs, pick_packing
-from rest_lsp.model import FP16_WEIGHTS, pick_packing as pick_model_packing
+from rest_lsp.model import FP16_WEIGHTS, pick_weight_packing
 from rest_lsp.settings import Settings
 from tests.test_exactness import N_NEW, draft_sources
 
@@ -90,20 +90,20 @@ def test_a_gguf_model_defaults_to_float16_weights_on_a_cpu_without_bf16(monkeypa
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(calibration, "native_bf16", lambda *a, **k: False)
-    assert pick_model_packing(None, cpu, gguf=True) == ("fp16", None)
-    assert pick_model_packing("auto", cpu, gguf=True) == ("fp16", None)
-    assert pick_model_packing(None, cpu, gguf=False) == (None, None)
-    assert pick_model_packing("float32", cpu, gguf=True) == (None, None)  # the exact mode, asked for
-    assert pick_model_packing(None, torch.device("cuda"), gguf=True) == (None, None)
+    assert pick_weight_packing(None, cpu, gguf=True) == ("fp16", None)
+    assert pick_weight_packing("auto", cpu, gguf=True) == ("fp16", None)
+    assert pick_weight_packing(None, cpu, gguf=False) == (None, None)
+    assert pick_weight_packing("float32", cpu, gguf=True) == (None, None)  # the exact mode, asked for
+    assert pick_weight_packing(None, torch.device("cuda"), gguf=True) == (None, None)
     monkeypatch.setattr(calibration, "native_bf16", lambda *a, **k: True)
-    assert pick_model_packing(None, cpu, gguf=True) == (None, None)
+    assert pick_weight_packing(None, cpu, gguf=True) == (None, None)
 
 
 def test_float16_weights_elsewhere_runs_float32_and_says_so():
-    assert pick_model_packing(FP16_WEIGHTS, torch.device("cpu")) == ("fp16", None)
-    packing, note = pick_model_packing(FP16_WEIGHTS, torch.device("cuda"))
+    assert pick_weight_packing(FP16_WEIGHTS, torch.device("cpu")) == ("fp16", None)
+    packing, note = pick_weight_packing(FP16_WEIGHTS, torch.device("cuda"))
     assert packing is None and "float32 instead" in note and note.count(".") == 1
-    assert pick_model_packing("float32", torch.device("cpu")) == (None, None)
+    assert pick_weight_packing("float32", torch.device("cpu")) == (None, None)
     with pytest.raises(ValueError, match="cannot pack"):
         pick_packing("fp16", torch.bfloat16, torch.device("cpu"))
     with pytest.raises(ValueError, match="unknown packing"):
@@ -130,5 +130,6 @@ def test_the_bundled_gguf_model_loads_in_float16_weights_by_default(monkeypatch)
     monkeypatch.setattr(calibration, "native_bf16", lambda *a, **k: False)
     loaded = load_model(None, "cpu")
     assert loaded.mode == FP16_WEIGHTS and loaded.dtype == torch.float32 and not loaded.notes
-    assert Decoder(loaded).engine == "lean-fp16"
+    assert Decoder(loaded).engine == "lean-fp16" and Decoder(loaded).mode == FP16_WEIGHTS
+    assert Decoder(loaded, lean=False).mode == "float32"  # the transformers path runs the fp32 weights
     assert load_model(None, "cpu", "float32").mode == "float32"
