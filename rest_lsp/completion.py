@@ -370,7 +370,10 @@ class CompletionService:
         prefetched = self._prefetch.serve(job.doc_id, job.before, job.after)
         if prefetched is not None:
             self._prefetch_hits += 1
-            return True, self._serve(job, prefetched, "prefetch") if prefetched else None
+            if not prefetched:
+                self._pace.answered()
+                return True, None
+            return True, self._serve(job, prefetched, "prefetch")
         found = self._shown.typed_through(job)
         if found is not None:
             self._type_through_count += 1
@@ -391,6 +394,7 @@ class CompletionService:
         if self.settings.prefetch:
             self._prefetch.want(job.doc_id, job.before, job.after, text)
         self._served += 1
+        self._pace.answered()
         latency = (time.perf_counter() - job.submitted) * 1e3
         self._last_latency_ms = latency
         return Completion(text, shown.id, tokens, steps, latency, source)
@@ -548,6 +552,7 @@ class CompletionService:
                 answer = self._serve(job, text, source, tokens=len(result.tokens), steps=result.steps)
             else:
                 self._last_latency_ms = (time.perf_counter() - job.submitted) * 1e3
+                self._pace.answered()  # nothing to show is an answer too: the person goes on writing after it
                 answer = None
         if save:
             model.save_acceptance()

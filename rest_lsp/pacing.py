@@ -9,7 +9,9 @@
   - `TypingPace`: the debounce follows the typing speed (Tabby adapts its debounce the same way). A fast typist's
     next keystroke comes soon, so the decode it would cancel is not worth starting; a slow typist's pause is short.
     The wait is the median gap between the user's recent changes, clamped between the configured debounce and a
-    ceiling. Gaps longer than the ceiling are pauses, not typing, and are left out.
+    ceiling. Gaps longer than the ceiling are pauses, not typing, and are left out; so are gaps in which the person
+    was given a suggestion: that gap is the server's latency plus the person's reading, not their typing (counted,
+    a server that answers fast would look like a fast typist and wait longer before its next answer).
 """
 
 from __future__ import annotations
@@ -62,12 +64,17 @@ class TypingPace:
         self._clock = clock
         self._gaps: deque[float] = deque(maxlen=PACE_WINDOW)
         self._last: float | None = None
+        self._answered = False  # a suggestion went out since the last change
 
     def changed(self) -> None:
         now = self._clock()
-        if self._last is not None and 0 <= now - self._last < PAUSE_S:
+        if self._last is not None and 0 <= now - self._last < PAUSE_S and not self._answered:
             self._gaps.append(now - self._last)
-        self._last = now
+        self._last, self._answered = now, False
+
+    def answered(self) -> None:
+        """A request was answered: the gap up to the next change is the person reading, not typing."""
+        self._answered = True
 
     def debounce_s(self, floor_s: float, ceiling_s: float) -> float:
         """The median typing gap, between `floor_s` and `ceiling_s`; `floor_s` when there is no typing to go by or

@@ -435,6 +435,32 @@ def test_the_debounce_follows_the_typing_speed(tiny_models):
         svc.close()
 
 
+def test_a_gap_with_an_answer_is_not_typing():
+    pace = TypingPace(clock=iter((0.0, 0.05, 0.10, 0.30, 0.50, 0.70)).__next__)
+    for _ in range(3):
+        pace.changed()  # typing: two gaps of 50 ms
+    for _ in range(3):
+        pace.answered()  # a suggestion went out, the person read it, then wrote on 200 ms later
+        pace.changed()
+    assert pace.debounce_s(0.02, 0.25) == pytest.approx(0.05)  # counted, the gaps would say 200 ms
+
+
+def test_a_fast_answer_does_not_lengthen_the_next_wait(tiny_models):
+    """A person who asks, reads the answer and writes on: however soon that comes after the answer, it is not typing
+    speed, and the next request waits only the configured debounce (the server's own speed must not slow it)."""
+    svc = _service(tiny_models["random"], debounce_ms=20, debounce_max_ms=250, prefetch=False)
+    try:
+        times = iter([100.0 + 0.2 * i for i in range(4)])
+        svc._pace = TypingPace(clock=lambda: next(times))
+        svc.cancel("mem://d.py")
+        for i in range(3):
+            _submit(svc, "mem://d.py", f"def f{i}(x):\n    return ", "")  # answered (text or nothing)
+            svc.cancel("mem://d.py")  # the person writes on, 200 ms after the last change
+        assert svc.stats()["debounce_ms"] == pytest.approx(20)
+    finally:
+        svc.close()
+
+
 def test_the_debounce_is_clamped():
     pace = TypingPace(clock=iter((0.0, 0.001, 0.002, 0.003)).__next__)
     for _ in range(4):
