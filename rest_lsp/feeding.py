@@ -18,6 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Protocol
 
+from rest_lsp.priority import lower_this_thread
 from rest_lsp.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class DatastoreFeed:
                     datastore.apply([], gone)
 
     def index_roots(self) -> None:
+        lower_this_thread()  # the loader's thread ends here, or an indexer of its own
         with self._lock:
             generation = self._generation
         try:
@@ -206,6 +208,7 @@ class DatastoreFeed:
     def _feed_buffers(self) -> None:
         from rest_lsp.datastore import Source
 
+        lower_this_thread()
         while True:
             self._dirty.wait()
             if self._closed:

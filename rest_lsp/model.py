@@ -62,6 +62,8 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if not texts:
             return []
+        if len(texts) == 1:  # in the calling thread (a batch runs on the tokenizer's pool, at its priority)
+            return [self.encode(texts[0])]
         return [list(ids) for ids in self.hf(texts, add_special_tokens=False)["input_ids"]]
 
     def decode(self, ids: Sequence[int]) -> str:

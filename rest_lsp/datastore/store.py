@@ -17,6 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..priority import lower_this_thread
 from .gather import PYTHON_ROWS, Found, gather, gather_small
 from .segment import MAX_TOKEN_ID, Hit, Segment, build_segment, new_segment_name
 
@@ -331,6 +332,7 @@ class Datastore:
         self._merge_wanted.notify_all()
 
     def _merge_loop(self) -> None:
+        lower_this_thread()
         while (inputs := self._next_merge()) is not None:
             self._merge_or_back_off(inputs)     # empties `inputs`: nothing of them is kept while waiting
 

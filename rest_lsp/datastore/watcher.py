@@ -21,6 +21,8 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserverVFS
 
+from ..priority import lower_this_thread
+
 log = logging.getLogger(__name__)
 
 _RELEVANT = {"created", "modified", "deleted", "moved", "closed"}
@@ -219,6 +221,7 @@ class DebouncedWatcher:
             self._thread.join()
 
     def _run(self) -> None:
+        lower_this_thread()
         if self._on_start is not None:
             try:
                 self._on_start()

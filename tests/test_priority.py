@@ -1,0 +1,75 @@
+"""Background work (indexing, open buffers, datastore merges, the watcher) runs below the decoder's priority."""
+
+import os
+import sys
+import threading
+
+import pytest
+from conftest_server import tiny_models  # noqa: F401  (fixture)
+from rest_lsp.completion import CompletionService
+from rest_lsp.datastore import Datastore
+from rest_lsp.priority import BACKGROUND_NICE, lower_this_thread
+from rest_lsp.settings import Settings
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is Linux's")
+
+
+def _nice(thread: threading.Thread) -> int:
+    return os.getpriority(os.PRIO_PROCESS, thread.native_id)
+
+
+@linux
+def test_a_background_thread_is_lowered_and_the_main_thread_never():
+    seen = {}
+
+    def work():
+        seen["before"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen["lowered"] = lower_this_thread()
+        seen["after"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen["lowered"] and seen["after"] == min(19, seen["before"] + BACKGROUND_NICE)
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert lower_this_thread() is False and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main
+
+
+@linux
+def test_the_service_feeds_and_indexes_at_low_priority_and_decodes_at_normal(tiny_models, tmp_path):
+    (tmp_path / "lib.py").write_text("def frobnicate_widget(count):\n    return count * 7\n")
+    settings = Settings(model=str(tiny_models["random"]), max_new_tokens=4, debounce_ms=0,
+                        cache_dir=str(tmp_path / "cache"))
+    svc = CompletionService(settings)
+    svc.start([tmp_path])
+    try:
+        assert svc.wait_ready(120), svc.load_error
+        assert svc.wait_indexed(60)
+        svc.open_buffer(str(tmp_path / "buf.py"), "x = 1\n")
+        svc.submit("mem://d.py", "def f(x):\n    return ", len("def f(x):\n    return ")).future.result(60)
+        threads = {t.name: t for t in threading.enumerate()}
+        main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert _nice(threads["rest-lsp-buffers"]) > main
+        assert _nice(threads["workspace-watcher"]) > main
+        assert _nice(threads["rest-lsp-decoder"]) == main  # completions keep the normal priority
+    finally:
+        svc.close()
+
+
+@linux
+def test_datastore_merges_run_at_low_priority():
+    store = Datastore(merge_factor=2)
+    seen = []
+    real = store._merge_loop
+
+    def loop():
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        real()
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    store._merge_loop = loop
+    for i in range(4):
+        store.put(f"d{i}", list(range(i, i + 50)))
+    store.close()
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen and seen[-1] > main
