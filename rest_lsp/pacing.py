@@ -3,7 +3,9 @@
   - `LineBudget`: once a request has run for the time budget, its completion keeps the whole lines it has and stops,
     or ends at the first line end when none is whole yet (llama-server's `t_max_predict_ms`: past the time, stop
     once a line end has been generated; Continue stops after the first line once its budget has passed). A person
-    reads whole lines; a half line is worth less than the time it costs. The
+    reads whole lines; a half line is worth less than the time it costs. It also stops at a line end when the
+    next line, taking as long as the last one did, would end past the deadline: the budget would cut back to that
+    line end anyway, and the person would wait for tokens that are thrown away. The
     deadline can only move closer (`by`): work computed ahead gets the long budget, and once a person waits for
     it, the short one counts from their request (llama.vim: 1000 ms, 250 ms at a new position).
   - `TypingPace`: the debounce follows the typing speed (Tabby adapts its debounce the same way). A fast typist's
@@ -33,19 +35,32 @@ class LineBudget:
         self._deadline = start + budget_s if budget_s > 0 else None
         self._clock = clock
         self.cut_at: int | None = None  # where the completion ends, once the budget ran out and a line end is shown
+        self._line_ends = 0  # line ends shown so far
+        self._line_began = start  # when the line in progress began: the last line end seen, or the start
 
     def stop(self, shown: str) -> bool:
         """Whether decoding can stop, given the text shown so far (stop rules applied, trailing space stripped:
         a line end shows once the next line has text)."""
         if self.cut_at is not None:
             return True
-        if self._deadline is None or self._clock() < self._deadline:
+        if self._deadline is None:
             return False
+        now = self._clock()
         nl = shown.rfind("\n")  # the line in progress is dropped: a person waits, the lines before it are whole
-        if nl < 0 or not shown[:nl].strip():  # no whole line with text yet (a completion may begin with a break)
-            return False
-        self.cut_at = nl
-        return True
+        whole = nl >= 0 and bool(shown[:nl].strip())  # a whole line with text (a completion may begin with a break)
+        if now >= self._deadline:
+            if not whole:
+                return False
+            self.cut_at = nl
+            return True
+        ends = shown.count("\n")
+        if whole and ends > self._line_ends:  # line ends just shown: would one more line still fit?
+            per_line = (now - self._line_began) / (ends - self._line_ends)
+            self._line_ends, self._line_began = ends, now
+            if now + per_line > self._deadline:
+                self.cut_at = nl
+                return True
+        return False
 
     def by(self, deadline: float) -> None:
         """Run out no later than `deadline` (an earlier deadline stays)."""
