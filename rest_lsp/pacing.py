@@ -36,7 +36,9 @@ class LineBudget:
         self._clock = clock
         self.cut_at: int | None = None  # where the completion ends, once the budget ran out and a line end is shown
         self._line_ends = 0  # line ends shown so far
-        self._line_began = start  # when the line in progress began: the last line end seen, or the start
+        # when the line in progress began: the last line end seen, or the first check (the first step's tokens; not
+        # `start`, which the debounce and the prompt's prefill come after)
+        self._line_began: float | None = None
 
     def stop(self, shown: str) -> bool:
         """Whether decoding can stop, given the text shown so far (stop rules applied, trailing space stripped:
@@ -46,6 +48,8 @@ class LineBudget:
         if self._deadline is None:
             return False
         now = self._clock()
+        if self._line_began is None:
+            self._line_began = now
         nl = shown.rfind("\n")  # the line in progress is dropped: a person waits, the lines before it are whole
         whole = nl >= 0 and bool(shown[:nl].strip())  # a whole line with text (a completion may begin with a break)
         if now >= self._deadline:

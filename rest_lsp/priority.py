@@ -19,14 +19,16 @@ BACKGROUND_NICE = 10  # added niceness: under contention such a thread gets abou
 
 
 def lower_this_thread() -> bool:
-    """Lower the calling thread's CPU priority (Linux, where priority is per thread; threads it starts later inherit
-    it). Never the main thread. False where it was not done."""
+    """Run the calling thread BACKGROUND_NICE below the process's priority (Linux, where priority is per thread;
+    threads it starts later inherit it), whichever thread started it. Never the main thread. False where it was not
+    done."""
     if not sys.platform.startswith("linux") or threading.current_thread() is threading.main_thread():
         return False
     try:
         tid = threading.get_native_id()
-        now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, max(now, min(19, now + BACKGROUND_NICE)))
+        target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + BACKGROUND_NICE)  # the main thread's, + 10
+        if os.getpriority(os.PRIO_PROCESS, tid) < target:
+            os.setpriority(os.PRIO_PROCESS, tid, target)
     except OSError as err:  # a sandbox that forbids it: the work runs as before
         log.debug("could not lower the priority of %s: %s", threading.current_thread().name, err)
         return False

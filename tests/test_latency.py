@@ -436,20 +436,28 @@ def test_the_debounce_follows_the_typing_speed(tiny_models):
 
 
 def test_the_line_budget_stops_at_a_line_end_when_the_next_line_would_not_fit():
-    now = [0.0]
+    now = [0.1]
     budget = LineBudget(0.0, 1.0, lambda: now[0])
+    assert not budget.stop("a = ")  # the first step's tokens: the first line's clock starts here
     now[0] = 0.3
-    assert not budget.stop("a = 1\nb")  # the first line took 0.3 s: a second one fits before the deadline
+    assert not budget.stop("a = 1\nb")  # the first line took 0.2 s: a second one fits before the deadline
     now[0] = 0.5
     assert not budget.stop("a = 1\nb = 2")  # no new line end, no new estimate
     now[0] = 0.7
     assert budget.stop("a = 1\nb = 2\nc")  # the second took 0.4 s: a third would end at 1.1 s, past the deadline
     assert budget.cut("a = 1\nb = 2\nc = 3") == "a = 1\nb = 2"  # what running out at 1.0 s would have kept
     two = LineBudget(0.0, 1.0, lambda: now[0])
+    now[0] = 0.0
+    assert not two.stop("a")
     now[0] = 0.4
     assert not two.stop("a = 1\nb = 2\nc")  # two lines in one step: 0.2 s a line, a third fits
     now[0] = 0.9
     assert two.stop("a = 1\nb = 2\nc = 3\nd") and two.cut("a = 1\nb = 2\nc = 3\nd = 4") == "a = 1\nb = 2\nc = 3"
+    late = LineBudget(0.0, 1.0, lambda: now[0])
+    now[0] = 0.5
+    assert not late.stop("a")  # half the budget went to the debounce and the prompt before the first token ...
+    now[0] = 0.6
+    assert not late.stop("a = 1\nb")  # ... which the line's time does not count: 0.1 s a line, a second one fits
     assert not LineBudget(0.0, 0.0, lambda: 0.9).stop("a = 1\nb")  # no budget: never
 
 

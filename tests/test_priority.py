@@ -73,3 +73,38 @@ def test_datastore_merges_run_at_low_priority():
     store.close()
     main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     assert seen and seen[-1] > main
+
+
+@linux
+def test_a_thread_started_by_a_lowered_thread_ends_at_the_same_priority():
+    seen = {}
+
+    def inner():
+        lower_this_thread()
+        seen["inner"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def outer():
+        lower_this_thread()
+        seen["outer"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        t = threading.Thread(target=inner)
+        t.start()
+        t.join()
+
+    t = threading.Thread(target=outer)
+    t.start()
+    t.join()
+    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    assert seen["outer"] == seen["inner"] == min(19, base + BACKGROUND_NICE)  # not lowered twice
+
+
+def test_one_text_is_tokenized_in_the_calling_thread_as_the_server_tokenizes_it():
+    import sysconfig
+    from pathlib import Path
+
+    from rest_lsp.model import load_tokenizer
+
+    tok = load_tokenizer(None)
+    for name in ("decoder.py", "encoder.py", "__init__.py"):
+        text = (Path(sysconfig.get_paths()["stdlib"]) / "json" / name).read_text(encoding="utf-8")
+        assert tok.encode_batch([text]) == [tok.encode(text)]
+    assert tok.encode_batch(["a = 1", "b = 2"]) == [tok.encode("a = 1"), tok.encode("b = 2")]
