@@ -669,6 +669,9 @@ class Decoder:
         recycle = config.budget > 0 and getattr(drafts, "wants_successors", hasattr(drafts, "observe_successors"))
         draft_s = 0.0
         while len(new) < config.max_new_tokens:
+            if cancelled is not None and cancelled():  # before each step too, not only between prefill passes
+                finish = "stopped"
+                break
             t_draft = time.perf_counter()
             proposals = self._usable(propose(drafts, seq), len(seq)) if config.budget > 0 else []
             tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)

@@ -7,7 +7,8 @@ them have given up, or when the document changes. A short debounce before decodi
 collapse into one request.
 
 While no request waits or runs, the thread does idle work. First speculative work from its owner
-(`idle`: a prefetch). A speculative job has no requester; a request that needs decoding cancels it (it
+(`idle`: a prefetch), after the debounce (a change that comes at once, writing on instead of accepting, stops
+it before it begins). A speculative job has no requester; a request that needs decoding cancels it (it
 stops after the decoding step it is in), unless the request is for the identical text and cursor: then the
 request shares it. A change to the document that can still lead to its place does not stop it (accepting the
 shown suggestion, or typing it over, is such a change, and the job computes what comes after it); any other
@@ -267,8 +268,10 @@ class RequestQueue:
                 continue
             try:
                 result = None
-                # a guess waits like a request: a person still typing would make it worthless
-                debounce = 0.0 if job.speculative and not job.guess else self._debounce_s()
+                # every job waits the debounce: a person still typing makes a guess worthless, and a change right
+                # after an answer (writing on instead of accepting) the prefetch of accepting it, whose first step,
+                # once begun, would hold the decoder from the work at the new place until it ends
+                debounce = self._debounce_s()
                 if not job.cancelled() and not job.cancel_event.wait(debounce):
                     result = self._run(job)
                 elif not job.speculative:

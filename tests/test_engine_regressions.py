@@ -183,6 +183,30 @@ def test_the_prefill_stops_between_chunks_when_cancelled():
     assert again.prefill_tokens == len(prompt) - 1 - PREFILL_CHUNK
 
 
+def test_a_cancel_during_a_short_prefill_stops_before_the_first_step_and_between_steps():
+    loaded = tiny_model("llama", max_positions=1024)
+    decoder = Decoder(loaded)
+    prompt = [5, 6, 7, 8, 9]
+    checks = []
+
+    def during_the_prefill() -> bool:  # asked once before the prompt's only chunk, cancelled while it runs
+        checks.append(1)
+        return len(checks) > 1
+
+    result = decoder.generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=8, budget=0),
+                              cancelled=during_the_prefill)
+    assert result.finish == "stopped" and result.tokens == [] and result.steps == 0
+    assert len(decoder._cached) == len(prompt) - 1  # the prefill was whole: the next request goes on from it
+    asked = []
+
+    def after_three() -> bool:  # asked before each step (the prompt is cached: no prefill chunk asks)
+        asked.append(1)
+        return len(asked) > 3
+
+    result = decoder.generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=8, budget=0), cancelled=after_three)
+    assert result.finish == "stopped" and result.steps == 3 and result.tokens == _reference(loaded, prompt, 3)
+
+
 # -- model loading ------------------------------------------------------------------------------------------------
 
 

@@ -206,6 +206,23 @@ def test_a_change_that_cannot_lead_to_the_prefetched_place_stops_it_and_its_gues
     assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
 
 
+def test_a_change_right_after_an_answer_stops_its_prefetch_before_it_decodes(tiny_models, generate_calls):
+    """The prefetch of accepting an answer waits the debounce like any job: a person who writes on at once (not
+    accepting) stops it before its first step, which would otherwise hold the decoder from the new place."""
+    svc = _service(tiny_models["random"], debounce_ms=300, debounce_max_ms=0)  # a fixed, long debounce
+    try:
+        shown = _submit(svc, "mem://w.py", BEFORE, AFTER)
+        assert shown is not None and len(generate_calls) == 1
+        time.sleep(0.05)  # the prefetch of accepting it is waiting its debounce now
+        svc.cancel("mem://w.py")
+        svc.expect("mem://w.py", BEFORE + "zz" + AFTER, len(BEFORE) + 2)  # wrote on: it can no longer be accepted
+        wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the changed place")
+        assert len(generate_calls) == 2  # the guess; the prefetch never decoded
+        assert svc.stats()["prefetched"] == 0 and svc.stats()["prefetch_cancelled"] == 0
+    finally:
+        svc.close()
+
+
 def test_a_pause_after_a_change_has_its_suggestion_ready_before_it_is_asked(tiny_models, generate_calls):
     svc = _service(tiny_models["random"])
     try:
