@@ -62,11 +62,6 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if not texts:
             return []
-        backend = getattr(self.hf, "backend_tokenizer", None)
-        if len(texts) == 1 and backend is not None:
-            # in the calling thread, at its priority: transformers sends even one text through the batch call,
-            # which runs on the tokenizers library's worker pool, at the priority of whichever thread started it
-            return [backend.encode(texts[0], add_special_tokens=False).ids]
         return [list(ids) for ids in self.hf(texts, add_special_tokens=False)["input_ids"]]
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -4,6 +4,8 @@ Indexing the workspace, re-tokenizing an open buffer after an edit and merging t
 decoding. On a machine with few cores each of them takes a core from the decoder's threads while it runs (an open
 buffer of 11k tokens re-tokenized every 300 ms made a plain decoding step 10% slower on 2 cores). Their threads
 run at a lower priority: they still get every idle moment, and a completion is never kept waiting by them.
+Tokenizing itself runs on the tokenizers library's own thread pool, at the priority of the thread that started
+that pool (in the server usually the indexer's): this module does not reach it.
 """
 
 from __future__ import annotations

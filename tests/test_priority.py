@@ -96,15 +96,3 @@ def test_a_thread_started_by_a_lowered_thread_ends_at_the_same_priority():
     base = os.getpriority(os.PRIO_PROCESS, os.getpid())
     assert seen["outer"] == seen["inner"] == min(19, base + BACKGROUND_NICE)  # not lowered twice
 
-
-def test_one_text_is_tokenized_in_the_calling_thread_as_the_server_tokenizes_it():
-    import sysconfig
-    from pathlib import Path
-
-    from rest_lsp.model import load_tokenizer
-
-    tok = load_tokenizer(None)
-    for name in ("decoder.py", "encoder.py", "__init__.py"):
-        text = (Path(sysconfig.get_paths()["stdlib"]) / "json" / name).read_text(encoding="utf-8")
-        assert tok.encode_batch([text]) == [tok.encode(text)]
-    assert tok.encode_batch(["a = 1", "b = 2"]) == [tok.encode("a = 1"), tok.encode("b = 2")]
