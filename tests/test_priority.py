@@ -20,21 +20,26 @@ def _nice(thread: threading.Thread) -> int:
     return os.getpriority(os.PRIO_PROCESS, thread.native_id)
 
 
+def _own_nice() -> int:
+    """The calling thread's niceness."""
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
 @linux
 def test_a_background_thread_is_lowered_and_the_main_thread_never():
     seen = {}
 
     def work():
-        seen["before"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen["before"] = _own_nice()
         seen["lowered"] = lower_this_thread()
-        seen["after"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen["after"] = _own_nice()
 
     t = threading.Thread(target=work)
     t.start()
     t.join()
     assert seen["lowered"] and seen["after"] == min(19, seen["before"] + BACKGROUND_NICE)
-    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    assert lower_this_thread() is False and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main
+    main = _own_nice()
+    assert lower_this_thread() is False and _own_nice() == main
 
 
 @linux
@@ -50,7 +55,7 @@ def test_the_service_feeds_and_indexes_at_low_priority_and_decodes_at_normal(tin
         svc.open_buffer(str(tmp_path / "buf.py"), "x = 1\n")
         svc.submit("mem://d.py", "def f(x):\n    return ", len("def f(x):\n    return ")).future.result(60)
         threads = {t.name: t for t in threading.enumerate()}
-        main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        main = _own_nice()
         assert _nice(threads["rest-lsp-buffers"]) > main
         assert _nice(threads["workspace-watcher"]) > main
         assert _nice(threads["rest-lsp-decoder"]) == main  # completions keep the normal priority
@@ -65,15 +70,15 @@ def test_datastore_merges_run_at_low_priority():
     real = store._merge_loop
 
     def loop():
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        seen.append(_own_nice())
         real()
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        seen.append(_own_nice())
 
     store._merge_loop = loop
     for i in range(4):
         store.put(f"d{i}", list(range(i, i + 50)))
     store.close()
-    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    main = _own_nice()
     assert seen and seen[-1] > main
 
 
@@ -83,11 +88,11 @@ def test_a_thread_started_by_a_lowered_thread_ends_at_the_same_priority():
 
     def inner():
         lower_this_thread()
-        seen["inner"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen["inner"] = _own_nice()
 
     def outer():
         lower_this_thread()
-        seen["outer"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen["outer"] = _own_nice()
         t = threading.Thread(target=inner)
         t.start()
         t.join()
