@@ -1,5 +1,6 @@
-"""A typing storm through the real language server over stdio: a person types `--rate` keystrokes a second for
-`--seconds` into a real source file, and the editor asks for an inline completion after every keystroke.
+"""A typing storm through the real language server over stdio: a person types `--rate` keystrokes a second (each
+gap within `--jitter` of the mean gap) for `--seconds` into a real source file, and the editor asks for an inline
+completion after every keystroke.
 
 The person: the bodies of a few functions of a real file (stdlib `json/encoder.py` by default; a seeded choice,
 enough for the whole storm) are removed on disk and in the buffer, and typed back character by character, each
@@ -27,7 +28,7 @@ Checks (the table says each figure, and the exit status is 1 when one fails):
     last answer. Whatever the server does in the background after typing stops (indexing the buffer, warming
     a prompt) counts in that time.
 
-    .venv/bin/python benchmarks/bench_typing_storm.py [--rate 20] [--seconds 60] [--model M] [--json]
+    .venv/bin/python benchmarks/bench_typing_storm.py [--rate 20] [--jitter 0.5] [--seconds 60] [--model M] [--json]
 """
 
 from __future__ import annotations
@@ -187,11 +188,23 @@ async def _sample(pid: int, storm: Storm, stop: asyncio.Event) -> None:
             pass
 
 
+def keystroke_times(keys: int, rate: float, jitter: float, seed: int) -> list[float]:
+    """When each keystroke is typed (s from the first): `rate` a second on average, each gap drawn uniformly within
+    `jitter` of the mean gap (0: a metronome), seeded."""
+    rng, mean = random.Random(seed), 1.0 / rate
+    times = [0.0]
+    for _ in range(keys - 1):
+        times.append(times[-1] + mean * rng.uniform(1 - jitter, 1 + jitter))
+    return times[:keys]
+
+
 async def type_storm(session: ServerSession, uri: str, opened: str, keys: list[Keystroke], rate: float,
-                     cancel_share: float, seed: int, answer_timeout_s: float, idle_timeout_s: float) -> Storm:
-    """Open the buffer, type `keys` at `rate` a second with a request after each, wait for the last answer,
-    then for the server to go idle."""
+                     cancel_share: float, seed: int, answer_timeout_s: float, idle_timeout_s: float,
+                     jitter: float = 0.0) -> Storm:
+    """Open the buffer, type `keys` at `rate` a second (gaps within `jitter` of the mean) with a request after
+    each, wait for the last answer, then for the server to go idle."""
     rng = random.Random(seed)
+    times = keystroke_times(len(keys), rate, jitter, seed)
     storm, text = Storm(), opened
     pid = session.pid
     session.open(uri, opened)
@@ -200,7 +213,7 @@ async def type_storm(session: ServerSession, uri: str, opened: str, keys: list[K
     sampler = asyncio.create_task(_sample(pid, storm, stop))
     try:
         for k, key in enumerate(keys):
-            await asyncio.sleep(max(0.0, storm.started + k / rate - time.perf_counter()))
+            await asyncio.sleep(max(0.0, storm.started + times[k] - time.perf_counter()))
             session.insert(uri, position_of(text[:key.offset]), key.text)
             text = text[:key.offset] + key.text + text[key.offset:]
             fence = session.send_stats()
@@ -417,7 +430,7 @@ def table(summary: dict, failed: list[str], rss_limit_mb: float, idle_limit_s: f
 
 async def run(file: Path, rate: float, seconds: float, model: str | None = None, seed: int = 0,
               cancel_share: float = 0.5, warmup_s: float = 10.0, answer_timeout_s: float = 600,
-              idle_timeout_s: float = 120, flags: tuple[str, ...] = ()) -> dict:
+              idle_timeout_s: float = 120, flags: tuple[str, ...] = (), jitter: float = 0.0) -> dict:
     """Start a server on a copy of `file`'s folder (the chosen bodies removed), type the storm, stop the
     server; the summary (see `summarize`) plus what ran."""
     text = file.read_text(encoding="utf-8")
@@ -435,7 +448,7 @@ async def run(file: Path, rate: float, seconds: float, model: str | None = None,
             await session.wait_indexed(1)
             ready_s = time.perf_counter() - t0
             storm = await type_storm(session, (root / file.name).as_uri(), opened, keys, rate, cancel_share,
-                                     seed, answer_timeout_s, idle_timeout_s)
+                                     seed, answer_timeout_s, idle_timeout_s, jitter)
             summary = summarize(storm, warmup_s, len(keys), rate)
             summary["final_stats"] = await session.stats()
             summary["server_stderr_bytes"] = session.stderr_bytes
@@ -449,7 +462,7 @@ async def run(file: Path, rate: float, seconds: float, model: str | None = None,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary.update({"file": str(file), "functions": [f.name for f in functions], "model": model or "default",
-                    "server_flags": server_flags, "seed": seed, "cancel_share": cancel_share,
+                    "server_flags": server_flags, "seed": seed, "cancel_share": cancel_share, "jitter": jitter,
                     "warmup_s": warmup_s, "server_ready_and_indexed_s": round(ready_s, 1),
                     "cpus_allowed": len(os.sched_getaffinity(0)), "load_average": os.getloadavg()[0]})
     return summary
@@ -465,12 +478,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cancel-share", type=float, default=0.5,
                         help="share of superseded requests given up with $/cancelRequest (default 0.5)")
+    parser.add_argument("--jitter", type=float, default=0.0,
+                        help="each gap between keystrokes within this share of the mean gap, seeded (default 0: even)")
     parser.add_argument("--warmup-s", type=float, default=10, help="memory growth counts after this (default 10)")
     parser.add_argument("--rss-limit-mb", type=float, default=50)
     parser.add_argument("--idle-limit-s", type=float, default=1.0)
     args = parser.parse_args(argv)
-    if args.rate <= 0 or args.seconds <= 0 or not 0 <= args.cancel_share <= 1:
-        parser.error("--rate and --seconds must be positive, --cancel-share from 0 to 1.")
+    if args.rate <= 0 or args.seconds <= 0 or not 0 <= args.cancel_share <= 1 or not 0 <= args.jitter < 1:
+        parser.error("--rate and --seconds must be positive, --cancel-share from 0 to 1, --jitter from 0 to below 1.")
     if not args.file.is_file():
         parser.error(f"--file: not a file: {args.file}")
     return args
@@ -479,7 +494,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     summary = asyncio.run(run(args.file.resolve(), args.rate, args.seconds, args.model, args.seed,
-                              args.cancel_share, args.warmup_s))
+                              args.cancel_share, args.warmup_s, jitter=args.jitter))
     failed = failures(summary, args.rss_limit_mb, args.idle_limit_s)
     text = table(summary, failed, args.rss_limit_mb, args.idle_limit_s)
     if args.json:

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_replay import find_functions  # noqa: E402
 from benchmarks.bench_typing_storm import (  # noqa: E402
-    DEFAULT_FILE, Request, _wait_idle, body_keystrokes, choose, failures, plan, run, stale_replies)
+    DEFAULT_FILE, Request, _wait_idle, body_keystrokes, choose, failures, keystroke_times, plan, run, stale_replies)
 from benchmarks.lsp_client import Pending  # noqa: E402
 from conftest_server import tiny_models  # noqa: E402,F401  (a fixture)
 
@@ -56,6 +56,16 @@ def test_keystrokes_stop_at_the_limit_and_enough_are_chosen():
     assert body_keystrokes("a\n    b") == ["a", "\n    ", "b"]
     text = DEFAULT_FILE.read_text()
     assert len(plan(text, choose(text, 1200, seed=0), 1200)[1]) == 1200
+
+
+def test_keystroke_gaps_vary_within_the_jitter_around_the_rate():
+    times = keystroke_times(1000, rate=20, jitter=0.8, seed=0)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert times[0] == 0 and len(times) == 1000
+    assert all(0.01 - 1e-9 <= g <= 0.09 + 1e-9 for g in gaps)
+    assert min(gaps) < 0.02 and max(gaps) > 0.08 and abs(sum(gaps) / len(gaps) - 0.05) < 0.003
+    assert keystroke_times(5, rate=10, jitter=0, seed=3) == [0.0, 0.1, 0.2, 0.30000000000000004, 0.4]
+    assert keystroke_times(50, 20, 0.8, seed=1) == keystroke_times(50, 20, 0.8, seed=1)
 
 
 def _replied(arrivals, result=None, error_code=None) -> Pending:
@@ -123,16 +133,19 @@ def test_idle_is_cpu_time_that_stops_growing():
             process.wait()
 
 
-# One new token, no debounce, a short prompt: the tiny model then answers in about a keystroke's time, so answers
-# race the next keystroke's didChange, which is where a stale answer would slip through.
-RACING = ("--max-new-tokens", "1", "--debounce-ms", "0", "--context-tokens", "64")
+# One new token, a short prompt and a fixed debounce of the mean gap between keystrokes, which vary from 10 to 90 ms:
+# whatever the machine's speed, a keystroke that follows within 40 ms supersedes its request, and the answer to
+# one that leaves the server more than 50 ms races the next keystroke's didChange, which is where a stale answer
+# would slip through. (An adaptive debounce would follow the pace instead, and whether the requests get superseded
+# would depend on how fast this machine answers the first few.)
+RACING = ("--max-new-tokens", "1", "--debounce-ms", "50", "--debounce-max-ms", "50", "--context-tokens", "64")
 
 
 def test_a_typing_storm_through_the_server(tiny_models):
-    """20 keystrokes a second for 5 s into stdlib json/encoder.py, a request after each: no stale reply, the
+    """20 keystrokes a second (10 to 90 ms apart) for 5 s into stdlib json/encoder.py, a request after each: no stale reply, the
     last request answered, and the server idle again once typing stopped (generous limits, no timing)."""
     summary = asyncio.run(run(DEFAULT_FILE, rate=20, seconds=5, model=str(tiny_models["random"]), warmup_s=2,
-                              answer_timeout_s=120, idle_timeout_s=120, flags=RACING))
+                              answer_timeout_s=120, idle_timeout_s=120, flags=RACING, jitter=0.8))
     replies = summary["replies"]
     assert summary["requests"] == 100 and replies["no reply"] == 0, replies
     assert replies["content modified"] + replies["request cancelled"] > 0, replies  # newer keystrokes won
