@@ -113,7 +113,7 @@ class DatastoreFeed:
                     datastore.apply([], gone)
 
     def index_roots(self) -> None:
-        lower_this_thread()  # the loader's thread ends here, or an indexer of its own
+        lower_this_thread()  # an indexer's thread of its own
         with self._lock:
             generation = self._generation
         try:
@@ -134,7 +134,7 @@ class DatastoreFeed:
         if ready:
             self._host._spawn(self.index_roots, "rest-lsp-indexer")
         else:
-            self.indexed.set()  # the loader indexes once the model is there
+            self.indexed.set()  # the loader starts the indexing once the model is there
 
     def _stale(self, generation: int) -> bool:
         return self._closed or generation != self._generation

@@ -6,14 +6,29 @@ buffer of 11k tokens re-tokenized every 300 ms made a plain decoding step 10% sl
 run at a lower priority: they still get every idle moment, and a completion is never kept waiting by them.
 Tokenizing itself runs on the tokenizers library's own thread pool, at the priority of the thread that started
 that pool (in the server usually the indexer's): this module does not reach it.
+
+A second cost needs no CPU at all. libgomp (the OpenMP runtime of torch's CPU build, which the suffix sorting of
+pydivsufsort binds to as well) keeps a team of worker threads for every thread that ever ran a parallel region,
+for as long as that thread lives. Once it manages more threads than there are cores, it stops spin-waiting
+between regions: the decoder's workers then sleep and are woken for each of the hundreds of small ops of a
+step. On 2 cores one long-lived thread that had sorted a suffix array once (the datastore's merge thread, the
+open-buffer feed) made every later decoding step about 1.8x slower, though it never ran again (measured: a plain
+step 27-31 ms before, 50-59 ms after, back to 24-31 ms once that thread ended). So the datastore's OpenMP work
+runs with one thread (`one_openmp_thread`), and a thread that ran torch, such as the model loader, ends instead
+of going on to other work.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import sys
 import threading
+from typing import Iterator
+
+from threadpoolctl import ThreadpoolController
 
 log = logging.getLogger(__name__)
 
@@ -35,3 +50,18 @@ def lower_this_thread() -> bool:
         log.debug("could not lower the priority of %s: %s", threading.current_thread().name, err)
         return False
     return True
+
+
+@functools.lru_cache(maxsize=2)
+def _openmp(torch_loaded: bool) -> ThreadpoolController:
+    # the OpenMP runtimes loaded now; torch brings its own, so the list is taken again once it is loaded
+    return ThreadpoolController().select(user_api="openmp")
+
+
+@contextlib.contextmanager
+def one_openmp_thread() -> Iterator[None]:
+    """Within this block the calling thread's OpenMP regions run on that thread alone (OpenMP's thread count is
+    per thread: other threads, the decoder's included, keep theirs), so it never gets a team of workers that
+    would outlive the block (see the module's doc)."""
+    with _openmp("torch" in sys.modules).limit(limits=1):
+        yield

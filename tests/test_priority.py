@@ -1,16 +1,20 @@
-"""Background work (indexing, open buffers, datastore merges, the watcher) runs below the decoder's priority."""
+"""Background work (indexing, open buffers, datastore merges, the watcher) runs below the decoder's priority, and
+leaves no OpenMP workers behind (which would make libgomp stop spin-waiting in the decoder's threads)."""
 
 import os
 import sys
 import threading
 
+import numpy as np
 import pytest
 from conftest_server import tiny_models  # noqa: F401  (fixture)
 from rest_lsp.completion import CompletionService
 from rest_lsp.datastore import Datastore
+from rest_lsp.datastore.segment import build_segment
 from rest_lsp.priority import BACKGROUND_NICE, lower_this_thread
 from rest_lsp.settings import Settings
 
+procfs = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
 linux = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.getpriority(os.PRIO_PROCESS, os.getpid()) >= 19,
     reason="per-thread priority is Linux's, and a process at the lowest priority has none lower to give")
@@ -103,3 +107,53 @@ def test_a_thread_started_by_a_lowered_thread_ends_at_the_same_priority():
     base = os.getpriority(os.PRIO_PROCESS, os.getpid())
     assert seen["outer"] == seen["inner"] == min(19, base + BACKGROUND_NICE)  # not lowered twice
 
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@procfs
+def test_a_thread_that_built_a_segment_and_lives_on_keeps_no_openmp_workers():
+    """The suffix sort of a large segment runs an OpenMP region; run by a thread with the default thread count it
+    leaves that thread a team of workers for the rest of its life. Counted here as threads of the process."""
+    rng = np.random.default_rng(0)
+    docs = [("big", rng.integers(0, 40_000, 150_000).tolist(), 0)]
+    built, release = threading.Event(), threading.Event()
+
+    def work():
+        build_segment(docs)
+        built.set()
+        release.wait(30)
+
+    before = _threads()
+    t = threading.Thread(target=work)
+    t.start()
+    try:
+        assert built.wait(60)
+        assert _threads() == before + 1  # the thread itself and nothing more
+    finally:
+        release.set()
+        t.join()
+
+
+@procfs
+def test_indexing_runs_in_a_thread_of_its_own_not_in_the_loader(tiny_models, tmp_path):
+    """The loader ran torch and keeps OpenMP workers while it lives: it ends once the model is loaded."""
+    (tmp_path / "lib.py").write_text("def frobnicate_widget(count):\n    return count * 7\n")
+    svc = CompletionService(Settings(model=str(tiny_models["random"]), cache_dir=str(tmp_path / "cache")))
+    seen = []
+    real = svc._feed.index_roots
+
+    def index_roots():
+        seen.append(threading.current_thread().name)
+        real()
+
+    svc._feed.index_roots = index_roots
+    svc.start([tmp_path])
+    try:
+        assert svc.wait_ready(120), svc.load_error
+        assert svc.wait_indexed(60)
+        assert seen == ["rest-lsp-indexer"]
+    finally:
+        svc.close()

@@ -66,7 +66,8 @@ def _other_tokenizer(tiny_models, folder: Path) -> Path:
 
 
 def _loader_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name == "rest-lsp-loader" and t.is_alive()}
+    """The threads that load the model and index the workspace (the loader starts the indexer and ends)."""
+    return {t for t in threading.enumerate() if t.name in ("rest-lsp-loader", "rest-lsp-indexer") and t.is_alive()}
 
 
 # -- 1. a model switch while the watcher indexes ----------------------------------------------------------------
@@ -319,7 +320,7 @@ def test_close_stops_and_waits_for_the_loader_and_indexing(tiny_models, tmp_path
     release.set()
     closer.join(90)
     assert not closer.is_alive(), "close() did not return"
-    assert loaders and not alive_after_close, "close() returned while the loader still ran"
+    assert loaders and not alive_after_close, "close() returned while the loader or the indexer still ran"
     assert after_close == [], "the tokenizer ran after close()"
 
 

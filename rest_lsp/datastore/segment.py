@@ -28,6 +28,8 @@ from typing import Sequence
 import numpy as np
 from pydivsufsort import divsufsort
 
+from ..priority import one_openmp_thread
+
 SEP = np.uint32(0xFFFFFFFF)
 SEP_ID = int(SEP)
 MAX_TOKEN_ID = SEP_ID - 1
@@ -324,7 +326,8 @@ def _suffix_array_of_reversed(tokens: np.ndarray) -> tuple[np.ndarray, dict[str,
     if n == 1:
         rsa = np.zeros(1, dtype=np.int32)
     else:
-        rsa = divsufsort(np.ascontiguousarray(dense))
+        with one_openmp_thread():  # a team of OpenMP workers kept by this thread would slow the decoder down
+            rsa = divsufsort(np.ascontiguousarray(dense))
     if rsa.dtype != np.int32 and n < 1 << 31:
         rsa = rsa.astype(np.int32)
     counts = np.bincount(ranks.ravel(), minlength=distinct.shape[0])
