@@ -150,6 +150,9 @@ def main() -> None:
     args = ap.parse_args()
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     corpora = args.corpus or [stdlib / "asyncio", stdlib / "json", stdlib / "email"]
+    for corpus in corpora:
+        if not any(corpus.rglob("*.py")):
+            ap.error(f"--corpus {corpus}: no Python files there (is it a folder of code?)")
 
     loaded = load_model(args.model, args.device, args.dtype)
     tok, model = loaded.tokenizer, loaded.model
