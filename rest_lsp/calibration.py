@@ -38,7 +38,10 @@ REPEATS = 3  # medians of this many rounds, after one warm-up round
 MAX_SECONDS = 10.0  # no new round starts after this long (a round of SmolLM2-135M fp32 takes ~0.8 s on 2 idle cores)
 NOISE_LIMIT = 1.5  # rounds further apart than this (median over sizes of slowest / fastest) are not kept
 # Bumped when what is timed changes (e.g. a new step implementation): older files are then re-measured.
-METHOD = 2  # 2: the decoder's own step (lean engine or transformers), head included
+# 2: the decoder's own step (lean engine or transformers), head included; 3: with no other thread of the process
+# holding OpenMP workers (before, a datastore's suffix sort in another thread could make libgomp stop spin-waiting,
+# which added the same wake-ups to every size and made the curve look flatter than it is: priority.py)
+METHOD = 3
 
 
 @dataclass
