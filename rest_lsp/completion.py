@@ -236,9 +236,7 @@ class CompletionService:
         for text in model.loaded.notes:  # e.g. bf16 asked for on a CPU that only emulates it
             self._report("warning", text)
         self._report("info", f"rest-lsp: model {model.loaded.name} ready on {model.loaded.device}.")
-        # in a thread of its own: this one ran torch while loading, and keeps OpenMP workers for as long as it
-        # lives, which would slow every decoding step during the indexing (priority.py)
-        self._spawn(self._feed.index_roots, "rest-lsp-indexer")
+        self._feed.start_indexing()
 
     def _load_failed(self, generation: int, error: str) -> None:
         with self._lock:

@@ -112,8 +112,13 @@ class DatastoreFeed:
                 if gone:
                     datastore.apply([], gone)
 
+    def start_indexing(self) -> None:
+        """Index the roots in a thread of its own (never the loader's: it ran torch and would keep OpenMP workers
+        while indexing, which slows every decoding step: priority.py)."""
+        self._host._spawn(self.index_roots, "rest-lsp-indexer")
+
     def index_roots(self) -> None:
-        lower_this_thread()  # an indexer's thread of its own
+        lower_this_thread()
         with self._lock:
             generation = self._generation
         try:
@@ -132,7 +137,7 @@ class DatastoreFeed:
             self.indexed.clear()
         self.retire(retired, datastore)
         if ready:
-            self._host._spawn(self.index_roots, "rest-lsp-indexer")
+            self.start_indexing()
         else:
             self.indexed.set()  # the loader starts the indexing once the model is there
 

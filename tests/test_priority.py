@@ -108,7 +108,6 @@ def test_a_thread_started_by_a_lowered_thread_ends_at_the_same_priority():
     assert seen["outer"] == seen["inner"] == min(19, base + BACKGROUND_NICE)  # not lowered twice
 
 
-
 def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
@@ -137,7 +136,6 @@ def test_a_thread_that_built_a_segment_and_lives_on_keeps_no_openmp_workers():
         t.join()
 
 
-@procfs
 def test_indexing_runs_in_a_thread_of_its_own_not_in_the_loader(tiny_models, tmp_path):
     """The loader ran torch and keeps OpenMP workers while it lives: it ends once the model is loaded."""
     (tmp_path / "lib.py").write_text("def frobnicate_widget(count):\n    return count * 7\n")

@@ -142,8 +142,9 @@ RACING = ("--max-new-tokens", "1", "--debounce-ms", "50", "--debounce-max-ms", "
 
 
 def test_a_typing_storm_through_the_server(tiny_models):
-    """20 keystrokes a second (10 to 90 ms apart) for 5 s into stdlib json/encoder.py, a request after each: no stale reply, the
-    last request answered, and the server idle again once typing stopped (generous limits, no timing)."""
+    """20 keystrokes a second (10 to 90 ms apart) for 5 s into stdlib json/encoder.py, a request after each: no
+    stale reply, the last request answered, and the server idle again once typing stopped (generous limits, no
+    timing)."""
     summary = asyncio.run(run(DEFAULT_FILE, rate=20, seconds=5, model=str(tiny_models["random"]), warmup_s=2,
                               answer_timeout_s=120, idle_timeout_s=120, flags=RACING, jitter=0.8))
     replies = summary["replies"]
