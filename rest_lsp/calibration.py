@@ -40,8 +40,10 @@ NOISE_LIMIT = 1.5  # rounds further apart than this (median over sizes of slowes
 # Bumped when what is timed changes (e.g. a new step implementation): older files are then re-measured.
 # 2: the decoder's own step (lean engine or transformers), head included; 3: with no other thread of the process
 # holding OpenMP workers (before, a datastore's suffix sort in another thread could make libgomp stop spin-waiting,
-# which added the same wake-ups to every size and made the curve look flatter than it is: priority.py)
-METHOD = 3
+# which added the same wake-ups to every size and made the curve look flatter than it is: priority.py); 4: the lean
+# step with fewer small ops per layer (the norm as one kernel, one roll per rotation, attention's scale in the
+# query weights), which costs a tree less than one token in absolute terms
+METHOD = 4
 
 
 @dataclass

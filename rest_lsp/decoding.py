@@ -78,8 +78,8 @@ CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.6
 # The lean engine on oneDNN's packed weights: fp32, 2-core AVX2 CPU, 512-token context, SmolLM2-135M (bench_rest).
 PACKED_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.08, 4: 1.23, 8: 1.63, 16: 2.09, 32: 2.78, 64: 4.53})
 # The same on fbgemm's fp16 weights (float16-weights; its kernels take rows in blocks of 6, and 6+ rows are
-# compute-bound on 2 AVX2 cores): the mean of two calibrate() runs, 30-32 ms for one token.
-FP16_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.09, 4: 1.14, 6: 1.27, 8: 1.5, 12: 1.83, 16: 2.08, 32: 3.07, 64: 5.2})
+# compute-bound on 2 AVX2 cores): the mean of two calibrate() runs, 22-30 ms for one token.
+FP16_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.19, 4: 1.34, 6: 1.42, 8: 1.64, 12: 1.91, 16: 2.22, 32: 3.5, 64: 6.0})
 FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
 
 

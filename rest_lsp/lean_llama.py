@@ -22,6 +22,7 @@ the same rotation), so fp32 outputs agree with `model.generate` to rounding.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -59,6 +60,13 @@ def unsupported(model) -> str | None:
     return None
 
 
+def query_scale(head_dim: int) -> float | None:
+    """Attention's 1/sqrt(D) when it is a power of two (D = 4, 16, 64, 256...): multiplying the query weights by it
+    is exact, and so scores come out bit for bit as transformers' scaled ones; None otherwise."""
+    scale = head_dim**-0.5
+    return scale if math.frexp(scale)[0] == 0.5 else None
+
+
 def _rope_theta(cfg) -> float:
     rope = getattr(cfg, "rope_parameters", None) or {}
     return float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
@@ -89,7 +97,7 @@ class Matmul:
     - "fp16": fbgemm's fp16 copy, multiplied in fp32 (half the bytes a step streams; the weights round to fp16
       once, so outputs differ from fp32's where the model is near a tie: the "float16-weights" mode)."""
 
-    weight: torch.Tensor  # [out, in], the model's own tensor
+    weight: torch.Tensor | None  # [out, in] for F.linear (None once packed: the packed copy is all it needs)
     bias: torch.Tensor | None
     packed: torch.Tensor | None = None  # oneDNN's layout of `weight`, made once
     fp16: object = None  # fbgemm's packed fp16 weight (and bias), made once
@@ -98,10 +106,10 @@ class Matmul:
     @torch.no_grad()
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, pack: str) -> "Matmul":
         if pack == "onednn":
-            return cls(weight, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
+            return cls(None, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
         if pack == "fp16":
             b = None if bias is None else bias.detach()
-            return cls(weight, bias, fp16=torch.ops.quantized.linear_prepack_fp16(weight.detach(), b))
+            return cls(None, bias, fp16=torch.ops.quantized.linear_prepack_fp16(weight.detach(), b))
         return cls(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
@@ -126,14 +134,28 @@ def pick_packing(pack: str | bool | None, dtype: torch.dtype, device: torch.devi
     return name
 
 
+@dataclass(frozen=True)
+class Norm:
+    """An RMSNorm's weight, and in fp32 the same weight twice (the layer-norm route of `LeanLlama._rms`)."""
+
+    weight: torch.Tensor  # [H], the model's own tensor
+    doubled: torch.Tensor | None  # [2H]
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> "Norm":
+        doubled = torch.cat([weight.detach(), weight.detach()]) if weight.dtype == torch.float32 else None
+        return cls(weight, doubled)
+
+
 @dataclass
 class _Layer:
-    norm_in: torch.Tensor  # [H]
-    qkv: Matmul  # [(Hq + 2 Hkv) D, H]
+    norm_in: Norm
+    qkv: Matmul  # [(Hq + 2 Hkv) D, H], the query rows scaled by 1/sqrt(D) when that is exact
     o: Matmul  # [H, Hq D]
-    norm_post: torch.Tensor  # [H]
+    norm_post: Norm
     gate_up: Matmul  # [2 I, H]
     down: Matmul  # [H, I]
+    source: int  # where the model's q/k/v weights are (fused): built from them while they stay there
 
 
 def _fused(linears, name: str) -> torch.Tensor:
@@ -202,18 +224,22 @@ class LeanLlama:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = cfg.rms_norm_eps
         self.embed = model.get_input_embeddings().weight  # [V, H]
-        self.norm = model.model.norm.weight  # [H]
+        self.norm = Norm.of(model.model.norm.weight)
         self.packing = pick_packing(pack, self.dtype, self.device)
         # fused (and packed) once per model and shared by every LeanLlama over it (each Decoder builds one)
         key = f"_lean_{self.packing}"
         built = model.__dict__.get(key)  # (layers, head)
         q = model.model.layers[0].self_attn.q_proj.weight
-        if built is None or built[0][0].qkv.weight.data_ptr() != q.data_ptr():  # never built, or moved/cast since
+        if built is None or built[0][0].source != q.data_ptr():  # never built, or moved/cast since
             head = model.get_output_embeddings()
-            built = model.__dict__[key] = ([self._fuse(layer, self.packing) for layer in model.model.layers],
+            built = model.__dict__[key] = ([self._fuse(layer, self.packing, self.heads * self.head_dim,
+                                                       query_scale(self.head_dim))
+                                            for layer in model.model.layers],
                                            Matmul.of(head.weight, head.bias, self.packing))
         self.layers = built[0]
         self.head = built[1]  # logits [n, V] from final hidden states [n, H]
+        # the attention scale, where the query weights could not take it exactly
+        self.score_scale = 1.0 if query_scale(self.head_dim) is not None else self.head_dim**-0.5
         self.theta, self.max_positions = _rope_theta(cfg), max_positions
         self._causal: torch.Tensor | None = None  # [n, n] additive causal mask, kept for the next prefill chunk
         self.cos, self.sin = self._rope_table(min(max_positions, 2 * CACHE_BLOCK))  # [P, D] each, grown on demand
@@ -226,9 +252,11 @@ class LeanLlama:
 
     @staticmethod
     @torch.no_grad()
-    def _fuse(layer, pack: str) -> _Layer:
+    def _fuse(layer, pack: str, q_rows: int, scale: float | None) -> _Layer:
         """One matmul for q, k and v, one for gate and up. The modules' own weights become views into the fused
-        tensors, so the model holds its weights once and the transformers path keeps working on them."""
+        tensors, so the model holds its weights once and the transformers path keeps working on them. With a
+        `scale`, the matmul's query rows (the first `q_rows`) are a scaled copy: attention then needs no scaling
+        op per layer."""
         at, mlp = layer.self_attn, layer.mlp
         fused = getattr(layer, "_lean_fused", None)
         if fused is None or fused[0].data_ptr() != at.q_proj.weight.data_ptr():
@@ -236,39 +264,51 @@ class LeanLlama:
             bias = _fused([at.q_proj, at.k_proj, at.v_proj], "bias") if at.q_proj.bias is not None else None
             fused = layer.__dict__["_lean_fused"] = (qkv, bias, _fused([mlp.gate_proj, mlp.up_proj], "weight"))
         qkv, bias, gate_up = fused
+        if scale is not None:
+            qkv, bias = qkv.clone(), None if bias is None else bias.clone()
+            qkv[:q_rows] *= scale
+            if bias is not None:
+                bias[:q_rows] *= scale
         return _Layer(
-            norm_in=layer.input_layernorm.weight,
+            norm_in=Norm.of(layer.input_layernorm.weight),
             qkv=Matmul.of(qkv, bias, pack),
             o=Matmul.of(at.o_proj.weight, None, pack),
-            norm_post=layer.post_attention_layernorm.weight,
+            norm_post=Norm.of(layer.post_attention_layernorm.weight),
             gate_up=Matmul.of(gate_up, None, pack),
             down=Matmul.of(mlp.down_proj.weight, None, pack),
+            source=fused[0].data_ptr(),
         )
 
     def _rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # as transformers' default rotary embedding: fp32 angles, cos/sin cast to the model's dtype
+        # as transformers' default rotary embedding: fp32 angles, cos/sin cast to the model's dtype; sin's first half
+        # negated for `_rotate`
         d = self.head_dim
         inv_freq = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=self.device).float() / d))
         pos = torch.arange(positions, device=self.device).float()
         freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        sign = torch.ones(d, device=self.device)
+        sign[: d // 2] = -1
+        return emb.cos().to(self.dtype), (emb.sin() * sign).to(self.dtype)
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
 
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused op, bit-identical to transformers' five in fp32 (not in half dtypes)
-            return torch.rms_norm(x, weight.shape, weight, self.eps)
+    def _rms(self, x: torch.Tensor, norm: Norm) -> torch.Tensor:
+        if norm.doubled is not None:
+            # fp32: RMSNorm is LayerNorm over [x, -x] (mean 0, the same mean square), one kernel where torch's
+            # rms_norm is six ops on a CPU (30 against 13 us a call here, 61 calls a step); the same to rounding
+            H = x.shape[-1]
+            return F.layer_norm(torch.cat([x, -x], dim=-1), norm.doubled.shape, norm.doubled, None, self.eps)[:, :H]
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(x.dtype)
+        return norm.weight * h.to(x.dtype)
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        """transformers' x * cos + rotate_half(x) * sin, bit for bit: rotate_half(x) * sin is the two halves
+        swapped (one roll) times sin with its first half negated (`sin` here)."""
+        return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
@@ -307,7 +347,9 @@ class LeanLlama:
             K, V = cache.k[li, :, :keys], cache.v[li, :, :keys]  # [Hkv, S, D]
             # query heads grouped under their key head: no copy of the cache per query head
             q = q.reshape(Hkv, group * n, D)
-            scores = torch.bmm(q, K.transpose(1, 2)) * (D**-0.5)  # [Hkv, group n, S]
+            scores = torch.bmm(q, K.transpose(1, 2))  # [Hkv, group n, S]
+            if self.score_scale != 1.0:
+                scores *= self.score_scale
             if mask is not None:
                 scores.view(Hkv, group, n, keys)[..., mask_from:].add_(mask)
             probs = torch.softmax(scores.float(), dim=-1).to(self.dtype)
