@@ -352,13 +352,14 @@ class LeanLlama:
                 scores *= self.score_scale
             if mask is not None:
                 scores.view(Hkv, group, n, keys)[..., mask_from:].add_(mask)
-            probs = torch.softmax(scores.float(), dim=-1).to(self.dtype)
+            probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else (
+                torch.softmax(scores.float(), dim=-1).to(self.dtype))
             out = torch.bmm(probs, V)  # [Hkv, group n, D]
             out = out.view(Hq, n, D).transpose(0, 1).reshape(n, Hq * D)  # [n, Hq D]
-            x = x + layer.o(out)
+            x += layer.o(out)  # x is this pass's own tensor (the embedding lookup copied it)
             h = self._rms(x, layer.norm_post)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [n, I] each
-            x = x + layer.down(F.silu(gate) * up)
+            x += layer.down(F.silu(gate) * up)
         return self._rms(x, self.norm)  # [n, H]
 
     # -- the static step -----------------------------------------------------------------------------------------
