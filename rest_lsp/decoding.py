@@ -19,7 +19,8 @@ from transformers import DynamicCache
 
 from rest_lsp.acceptance import AcceptanceModel
 from rest_lsp.calibration import Calibration, calibrate
-from rest_lsp.draft_tree import DraftTree, build_tree, fit_to_cost, tree_attention_mask, tree_position_ids
+from rest_lsp.draft_tree import (DraftTree, build_tree, fit_to_cost, tree_attention_mask, tree_position_ids,
+                                  under_chain)
 from rest_lsp.drafts import DraftSource, Proposal, propose
 from rest_lsp.lean_llama import KVCache, LeanLlama, unsupported
 from rest_lsp.model import LoadedModel, ModelLoadError, cache_root, mode_name
@@ -190,6 +191,10 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 # Tokens per prefill pass: a long prompt can be given up between passes (a request cancelled meanwhile).
 PREFILL_CHUNK = 256
+# An uncached prompt tail up to this long (what an editor's keystrokes or a new line add to the last request's
+# prompt) is computed in the first verification step's pass instead of a prefill pass of its own: one pass less
+# per request, and a multi-row pass costs far less than two (lean engine).
+CHAIN_TAIL = 64
 
 
 @dataclass(frozen=True)
@@ -522,22 +527,40 @@ class Decoder:
             self._rope_long = long
         return len(self._cached) - keep
 
+    def _prefill_but_tail(self, tokens: Sequence[int], stop: Callable[[], bool] | None) -> tuple[int, list[int]]:
+        """`prefill(tokens)`, except that a short uncached tail (CHAIN_TAIL) is left out, for the first verification
+        step to compute in its pass (lean engine; elsewhere the tail is always prefilled). Returns (tokens
+        prefilled, the tail left out)."""
+        if self.lean is None:
+            return self.prefill(tokens, stop=stop), []
+        if self._cache is None:
+            self._cache, self._cached = self._new_cache(), []
+        kept = self._crop(_common_prefix(self._cached, tokens))
+        if len(tokens) - kept > CHAIN_TAIL:
+            return self.prefill(tokens, stop=stop), []
+        return 0, list(tokens[kept:])
+
     @_restore_on_error
     @torch.inference_mode()
-    def verify(self, tree: DraftTree) -> Callable[[int], torch.Tensor]:
-        """One forward pass over the root and all drafts on top of the cache.
+    def verify(self, tree: DraftTree, chain: Sequence[int] = ()) -> Callable[[int], torch.Tensor]:
+        """One forward pass over the root and all drafts on top of the cache; with a `chain` (lean engine), over
+        those uncached tokens first, the tree's root following them.
 
         Returns logits_at(node) -> [V] fp32, computed on demand when the head can be split off.
         """
-        return self._pass(self._cache, tree)
+        return self._pass(self._cache, tree, chain)
 
-    def _pass(self, cache: DynamicCache | KVCache, tree: DraftTree) -> Callable[[int], torch.Tensor]:
+    def _pass(self, cache: DynamicCache | KVCache, tree: DraftTree,
+              chain: Sequence[int] = ()) -> Callable[[int], torch.Tensor]:
         past = _cached_length(cache)
         if self.lean is not None:
-            ids = torch.tensor(tree.tokens, device=self.device)  # [n+1]
-            pos = torch.tensor(tree.depths, device=self.device) + past  # [n+1]
-            mask = None if len(tree) == 1 else tree_attention_mask(tree, 0, self.dtype, self.device)[0, 0]  # [n+1, n+1]
-            return self._head_at(tree, self.lean.step(ids, pos, cache, mask))
+            whole = under_chain(tree, chain)
+            ids = torch.tensor(whole.tokens, device=self.device)  # [k+n+1]
+            pos = torch.tensor(whole.depths, device=self.device) + past  # [k+n+1]
+            mask = None if len(whole) == 1 else tree_attention_mask(whole, 0, self.dtype, self.device)[0, 0]
+            return self._head_at(tree, self.lean.step(ids, pos, cache, mask)[len(chain):])  # [n+1, H]
+        if chain:
+            raise ValueError("a chained step runs on the lean engine only")
         ids = torch.tensor([tree.tokens], device=self.device)  # [1, n+1]
         pos = tree_position_ids(tree, past, self.device)  # [1, n+1]
         kwargs = dict(input_ids=ids, position_ids=pos, use_cache=True, **{self._cache_kw: cache})
@@ -657,10 +680,10 @@ class Decoder:
             gen = torch.Generator(device=self.device).manual_seed(config.seed)
 
         t0 = time.perf_counter()
-        computed = self.prefill(prompt[:-1], stop=cancelled)
+        computed, chain = self._prefill_but_tail(prompt[:-1], stop=cancelled)  # the first step computes `chain`
         sync_device(self.device)
         t1 = time.perf_counter()
-        if len(self._cached) < len(prompt) - 1:  # `cancelled` fired during the prefill
+        if len(self._cached) + len(chain) < len(prompt) - 1:  # `cancelled` fired during the prefill
             return DecodeResult([], 0, (t1 - t0) * 1e3, 0.0, "stopped", computed)
 
         seq = list(prompt)
@@ -680,16 +703,19 @@ class Decoder:
             draft_s += time.perf_counter() - t_draft
             self._match_rope(seq)
             base = self._cache_length()
-            logits_at = _memo(self.verify(tree))
+            logits_at = _memo(self.verify(tree, chain))
+            computed += len(chain)
             steps += 1
             accepted, path = self.accept(tree, logits_at, config, gen)
             self._observe(tree, path, accepted)
             if recycle:
                 self._recycle(drafts, tree, path, logits_at)
             accepted = accepted[: config.max_new_tokens - len(new)]
-            # the root's row and the accepted drafts' rows stay; the bonus token is the next root
-            self._keep_rows(base, path[: len(accepted)])
-            self._cached.extend(seq[-1:] + [tree.tokens[i] for i in path[1 : len(accepted)]])
+            # the chain's rows, the root's and the accepted drafts' stay; the bonus token is the next root
+            k = len(chain)
+            self._keep_rows(base, list(range(k)) + [k + i for i in path[: len(accepted)]])
+            self._cached.extend(chain + seq[-1:] + [tree.tokens[i] for i in path[1 : len(accepted)]])
+            chain = []
             seq.extend(accepted)
             new.extend(accepted)
             if any(t in self.eos for t in accepted):

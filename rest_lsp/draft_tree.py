@@ -148,6 +148,17 @@ def fit_to_cost(tree: DraftTree, cost: Sequence[float], trust: float = 1.0) -> D
     return tree.prefix(best_n + 1)
 
 
+def under_chain(tree: DraftTree, chain: Sequence[int]) -> DraftTree:
+    """The tree hung under a chain of tokens (each the child of the one before, the tree's root the last one's
+    child): the shape of a pass that computes an uncached prompt tail and verifies a tree on top of it."""
+    k = len(chain)
+    if not k:
+        return tree
+    parents = list(range(-1, k - 1)) + [k - 1] + [p + k for p in tree.parents[1:]]
+    depths = list(range(k)) + [d + k for d in tree.depths]
+    return DraftTree(list(chain) + tree.tokens, parents, depths)
+
+
 def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device=None) -> torch.Tensor:
     """Additive mask [1, 1, n+1, past+n+1]: each node sees the whole cached context, its ancestors and itself."""
     n = len(tree)

@@ -47,13 +47,13 @@ class StepGate:
         verify, generate = Decoder.verify, Decoder.generate
         gate = self
 
-        def gated_verify(decoder, tree):
+        def gated_verify(decoder, tree, *chain):
             with gate._lock:
                 first, gate._held = not gate._held, True
             if first:
                 gate.started.set()
                 gate.release.wait(HOLD_LIMIT_S)
-            return verify(decoder, tree)
+            return verify(decoder, tree, *chain)
 
         def recorded_generate(decoder, *args, **kwargs):
             result = generate(decoder, *args, **kwargs)

@@ -186,7 +186,7 @@ def test_the_prefill_stops_between_chunks_when_cancelled():
 def test_a_cancel_during_a_short_prefill_stops_before_the_first_step_and_between_steps():
     loaded = tiny_model("llama", max_positions=1024)
     decoder = Decoder(loaded)
-    prompt = [5, 6, 7, 8, 9]
+    prompt = [5, 6, 7, 8, 9] * 16  # longer than CHAIN_TAIL: prefilled in a pass of its own, not with the first step
     checks = []
 
     def during_the_prefill() -> bool:  # asked once before the prompt's only chunk, cancelled while it runs

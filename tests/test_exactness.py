@@ -137,6 +137,38 @@ def test_cache_reuse_across_calls_stays_exact(tiny, lean):
     assert again.prefill_tokens == 1
 
 
+@pytest.mark.parametrize("lean", ENGINES[:2])
+def test_a_short_uncached_tail_rides_the_first_step_and_stays_exact(tiny, lean, monkeypatch):
+    """What an edit adds to the last prompt (up to CHAIN_TAIL tokens) is computed in the first verification step's
+    pass, not in a prefill pass of its own; a longer tail is prefilled first. Both decode exactly."""
+    from rest_lsp.decoding import CHAIN_TAIL
+
+    vocab = tiny.model.config.vocab_size
+    rnd = random.Random(11)
+    decoder = Decoder(tiny, **lean)
+    passes: list[int] = []  # rows of every forward pass, prefill or step
+    layers = decoder.lean._layers
+
+    def counted(ids, *args, **kwargs):
+        passes.append(ids.shape[0])
+        return layers(ids, *args, **kwargs)
+
+    monkeypatch.setattr(decoder.lean, "_layers", counted)
+    long_prompt = [rnd.randrange(vocab) for _ in range(CHAIN_TAIL + 30)]
+    edited = long_prompt + [rnd.randrange(vocab) for _ in range(5)]  # the cache holds long_prompt: 5 new tokens
+    for prompt, tail, source in [(long_prompt, None, NoDrafts()), (edited, 5, NoDrafts()),
+                                 (edited[:-2], None, ContextLookup()), (edited + edited[-12:], 14, ContextLookup())]:
+        truth = reference(tiny, prompt, 12)
+        passes.clear()
+        result = decoder.generate(prompt, source, DecodeConfig(max_new_tokens=12, budget=8, fit_to_cost=False))
+        assert result.tokens == truth
+        if tail is None:  # the whole prompt, or the part of it the cache already holds: no chain
+            assert len(passes) == result.steps + (1 if prompt is long_prompt else 0)
+        else:  # the chain and the root in the first step's pass, no prefill pass
+            assert len(passes) == result.steps and passes[0] >= tail
+            assert result.prefill_tokens == tail - 1
+
+
 def test_eos_stops_and_is_kept(tiny):
     prompt = [1, 2, 3, 4, 5]
     truth = reference(tiny, prompt, 30)
@@ -237,9 +269,9 @@ def test_learned_acceptance_follows_what_the_model_accepts(tiny):
 
 
 def _spy(verify, sizes):
-    def wrapped(tree):
+    def wrapped(tree, *chain):
         sizes.append(len(tree))
-        return verify(tree)
+        return verify(tree, *chain)
 
     return wrapped
 

@@ -49,12 +49,12 @@ def generate_calls(monkeypatch) -> Calls:
         calls[index] = result
         return result
 
-    def held(decoder, tree):
+    def held(decoder, tree, *chain):
         if getattr(holding, "now", False):
             holding.now = False
             calls.held.set()
             assert calls.release.wait(300), "the held step was never released"
-        return verify(decoder, tree)
+        return verify(decoder, tree, *chain)
 
     monkeypatch.setattr(Decoder, "generate", counted)
     monkeypatch.setattr(Decoder, "verify", held)
