@@ -16,8 +16,9 @@ fused into one matmul each, made once) over a KV cache of its own:
     path), 0.5 GB for SmolLM2-135M.
 
 Models it does not know (another attention, a soft-capped head, sliding windows, scaled RoPE) keep the
-transformers path: `LeanLlama.supports(model)` says which. Numerics follow transformers' op order (RMSNorm in fp32,
-the same rotation), so fp32 outputs agree with `model.generate` to rounding.
+transformers path: `unsupported(model)` says which. Numerics follow transformers' to rounding (RMSNorm in fp32,
+the same rotation bit for bit, the attention scale moved into the weights only where that is exact), so fp32
+outputs are token-identical to `model.generate` (the exactness tests).
 """
 
 from __future__ import annotations
