@@ -496,11 +496,12 @@ class Decoder:
     @_restore_on_error
     @torch.inference_mode()
     def prefill(self, tokens: Sequence[int], stop: Callable[[], bool] | None = None,
-                chunk: int = PREFILL_CHUNK) -> int:
+                chunk: int = PREFILL_CHUNK, leave: int = 0) -> int:
         """Make the cache hold exactly `tokens`, reusing the longest common prefix. Returns tokens computed.
 
         `stop` is asked between chunks of `chunk` tokens: a long prompt can be given up half-way (the cache
-        then holds the part computed so far).
+        then holds the part computed so far). An uncached tail of at most `leave` tokens is left for the caller's
+        next pass (the cache then holds the common prefix only).
         """
         if self._cache is None:
             self._cache = self._new_cache()
@@ -510,6 +511,8 @@ class Decoder:
         if keep < len(tokens) and self.rope_switch is not None and self._rope_long != long:
             keep = 0  # the kept keys were rotated with the other factors
         keep = self._crop(keep)
+        if len(tokens) - keep <= leave:
+            return 0
         # long RoPE rotates a pass by its last position: one pass, so that all keys rotate alike
         size = max(1, chunk) if self.rope_switch is None else max(1, len(tokens))
         for start in range(keep, len(tokens), size):
@@ -526,19 +529,6 @@ class Decoder:
             self._cached.extend(part)
             self._rope_long = long
         return len(self._cached) - keep
-
-    def _prefill_but_tail(self, tokens: Sequence[int], stop: Callable[[], bool] | None) -> tuple[int, list[int]]:
-        """`prefill(tokens)`, except that a short uncached tail (CHAIN_TAIL) is left out, for the first verification
-        step to compute in its pass (lean engine; elsewhere the tail is always prefilled). Returns (tokens
-        prefilled, the tail left out)."""
-        if self.lean is None:
-            return self.prefill(tokens, stop=stop), []
-        if self._cache is None:
-            self._cache, self._cached = self._new_cache(), []
-        kept = self._crop(_common_prefix(self._cached, tokens))
-        if len(tokens) - kept > CHAIN_TAIL:
-            return self.prefill(tokens, stop=stop), []
-        return 0, list(tokens[kept:])
 
     @_restore_on_error
     @torch.inference_mode()
@@ -680,10 +670,12 @@ class Decoder:
             gen = torch.Generator(device=self.device).manual_seed(config.seed)
 
         t0 = time.perf_counter()
-        computed, chain = self._prefill_but_tail(prompt[:-1], stop=cancelled)  # the first step computes `chain`
+        leave = CHAIN_TAIL if self.lean is not None else 0  # only the lean engine runs a chain under a tree
+        computed = self.prefill(prompt[:-1], stop=cancelled, leave=leave)
+        chain = list(prompt[len(self._cached) : -1])  # computed in the first step's pass
         sync_device(self.device)
         t1 = time.perf_counter()
-        if len(self._cached) + len(chain) < len(prompt) - 1:  # `cancelled` fired during the prefill
+        if len(chain) > leave:  # `cancelled` fired during the prefill
             return DecodeResult([], 0, (t1 - t0) * 1e3, 0.0, "stopped", computed)
 
         seq = list(prompt)

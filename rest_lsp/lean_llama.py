@@ -231,16 +231,16 @@ class LeanLlama:
         key = f"_lean_{self.packing}"
         built = model.__dict__.get(key)  # (layers, head)
         q = model.model.layers[0].self_attn.q_proj.weight
+        scale = query_scale(self.head_dim)
         if built is None or built[0][0].source != q.data_ptr():  # never built, or moved/cast since
             head = model.get_output_embeddings()
-            built = model.__dict__[key] = ([self._fuse(layer, self.packing, self.heads * self.head_dim,
-                                                       query_scale(self.head_dim))
+            built = model.__dict__[key] = ([self._fuse(layer, self.packing, self.heads * self.head_dim, scale)
                                             for layer in model.model.layers],
                                            Matmul.of(head.weight, head.bias, self.packing))
         self.layers = built[0]
         self.head = built[1]  # logits [n, V] from final hidden states [n, H]
         # the attention scale, where the query weights could not take it exactly
-        self.score_scale = 1.0 if query_scale(self.head_dim) is not None else self.head_dim**-0.5
+        self.score_scale = 1.0 if scale is not None else self.head_dim**-0.5
         self.theta, self.max_positions = _rope_theta(cfg), max_positions
         self._causal: torch.Tensor | None = None  # [n, n] additive causal mask, kept for the next prefill chunk
         self.cos, self.sin = self._rope_table(min(max_positions, 2 * CACHE_BLOCK))  # [P, D] each, grown on demand
