@@ -76,11 +76,12 @@ def cost_curve(measured: dict[int, float]) -> list[float]:
 # Time of a step verifying k tokens relative to a plain step: fp32, 2-core AVX-512 CPU, 512-token context
 # (benchmarks/bench_tree_cost.py). A GPU verifies a few dozen tokens in about the time of one.
 CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.63, 24: 3.01, 32: 3.40, 48: 4.17, 64: 4.93})
-# The lean engine on oneDNN's packed weights: fp32, 2-core AVX2 CPU, 512-token context, SmolLM2-135M (bench_rest).
-PACKED_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.08, 4: 1.23, 8: 1.63, 16: 2.09, 32: 2.78, 64: 4.53})
+# The lean engine (its layers as TorchScript) on oneDNN's packed weights: fp32, 2-core AVX2 CPU, 384-token context,
+# SmolLM2-135M, the mean of two calibrate() runs (31-39 ms for one token).
+PACKED_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.07, 4: 1.28, 6: 1.43, 8: 1.46, 12: 1.6, 16: 1.98, 32: 2.85, 64: 4.9})
 # The same on fbgemm's fp16 weights (float16-weights; its kernels take rows in blocks of 6, and 6+ rows are
-# compute-bound on 2 AVX2 cores): the mean of two calibrate() runs, 22-30 ms for one token.
-FP16_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.19, 4: 1.34, 6: 1.42, 8: 1.64, 12: 1.91, 16: 2.22, 32: 3.5, 64: 6.0})
+# compute-bound on 2 AVX2 cores): 16-17 ms for one token, so the curve is steeper than oneDNN's fp32 one.
+FP16_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.28, 4: 1.41, 6: 1.64, 8: 2.02, 12: 2.52, 16: 3.06, 32: 5.3, 64: 9.4})
 FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
 
 

@@ -8,6 +8,8 @@ fused into one matmul each, made once) over a KV cache of its own:
   - pre-allocated per layer, grown in blocks, written in place; a step's accepted rows are gathered into place;
   - attention for a 1-token step needs no mask; a tree step adds its [n, n] mask to the last n key columns only;
   - RoPE angles computed once for every position, as transformers computes them;
+  - on a CPU the layers run as TorchScript (`LayerStack`): a small model's step is mostly ops of a few us, and
+    Python's own cost per op, as much again, goes (a 1-token step of SmolLM2-135M: 25 against 16 ms);
   - on a CPU, in fp32, the matmuls run on oneDNN over weights reordered once into its layout (`Matmul`). MKL,
     behind F.linear, runs one input row as a fast GEMV and 2+ rows as a GEMM that costs 2-4x as much; oneDNN's
     packed kernel costs 1.2-2x for 2-16 rows, and less than MKL for one row and for prefill chunks
@@ -21,15 +23,18 @@ the same rotation bit for bit, the attention scale moved into the weights only w
 outputs are token-identical to `model.generate` (the exactness tests).
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: TorchScript reads the modules' attribute annotations as types
+import logging
 import math
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, List, Optional, Union
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 KNOWN_TYPES = {"llama", "qwen2", "mistral"}
 CACHE_BLOCK = 512  # cache rows are allocated in blocks: growth copies rarely, and memory follows the sequence
@@ -91,34 +96,59 @@ PACKINGS = ("onednn", "fp16", "none")
 PACK_ROWS = 8  # the input rows oneDNN is told to expect when it picks the weight layout (a tree step's size)
 
 
-@dataclass
-class Matmul:
-    """x @ weight.T + bias, on a packed copy of the weight when there is one:
+class Matmul(torch.nn.Module):
+    """x @ weight.T + bias, on a packed copy of the weight when there is one (`Matmul.of` picks the kind):
     - "onednn": oneDNN's layout of the fp32 weight (exact: only the accumulation order differs from F.linear);
     - "fp16": fbgemm's fp16 copy, multiplied in fp32 (half the bytes a step streams; the weights round to fp16
-      once, so outputs differ from fp32's where the model is near a tie: the "float16-weights" mode)."""
+      once, so outputs differ from fp32's where the model is near a tie: the "float16-weights" mode).
+    A module, so that the layer stack can run as TorchScript (`LayerStack`)."""
 
-    weight: torch.Tensor | None  # [out, in] for F.linear (None once packed: the packed copy is all it needs)
-    bias: torch.Tensor | None
-    packed: torch.Tensor | None = None  # oneDNN's layout of `weight`, made once
-    fp16: object = None  # fbgemm's packed fp16 weight (and bias), made once
+    packing = "none"
 
-    @classmethod
+    @staticmethod
     @torch.no_grad()
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, pack: str) -> "Matmul":
-        if pack == "onednn":
-            return cls(None, bias, packed=torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
+    def of(weight: torch.Tensor, bias: torch.Tensor | None, pack: str | bool) -> "Matmul":
+        if pack is True or pack == "onednn":
+            return OneDNNMatmul(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS), bias)
         if pack == "fp16":
-            b = None if bias is None else bias.detach()
-            return cls(None, bias, fp16=torch.ops.quantized.linear_prepack_fp16(weight.detach(), b))
-        return cls(weight, bias)
+            return Fp16Matmul(torch.ops.quantized.linear_prepack_fp16(weight.detach(),
+                                                                      None if bias is None else bias.detach()))
+        return PlainMatmul(weight, bias)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
-        if self.fp16 is not None:
-            return torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), self.fp16)
+
+class PlainMatmul(Matmul):
+    bias: Optional[torch.Tensor]
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight, self.bias = weight, bias  # [out, in], [out]: the model's own tensors
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
         return F.linear(x, self.weight, self.bias)
+
+
+class OneDNNMatmul(Matmul):
+    packing = "onednn"
+    bias: Optional[torch.Tensor]
+
+    def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.packed, self.bias = packed, bias  # oneDNN's layout of the weight, made once
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scalars: List[Optional[Union[int, float, complex]]] = []
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", scalars, "")
+
+
+class Fp16Matmul(Matmul):
+    packing = "fp16"
+
+    def __init__(self, packed):
+        super().__init__()
+        self.packed = packed  # fbgemm's packed fp16 weight (and bias), made once
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), self.packed)
 
 
 def pick_packing(pack: str | bool | None, dtype: torch.dtype, device: torch.device) -> str:
@@ -148,15 +178,121 @@ class Norm:
         return cls(weight, doubled)
 
 
-@dataclass
-class _Layer:
-    norm_in: Norm
-    qkv: Matmul  # [(Hq + 2 Hkv) D, H], the query rows scaled by 1/sqrt(D) when that is exact
-    o: Matmul  # [H, Hq D]
-    norm_post: Norm
-    gate_up: Matmul  # [2 I, H]
-    down: Matmul  # [H, I]
-    source: int  # where the model's q/k/v weights are (fused): built from them while they stay there
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of x [n, H], as transformers computes it (to rounding)."""
+    if doubled is not None:
+        # fp32: RMSNorm is LayerNorm over [x, -x] (mean 0, the same mean square), one kernel where torch's
+        # rms_norm is six ops on a CPU (30 against 13 us a call here, 61 calls a step); the same to rounding
+        H = x.shape[-1]
+        return F.layer_norm(torch.cat([x, -x], dim=-1), [2 * H], doubled, None, eps)[:, :H]
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' x * cos + rotate_half(x) * sin, bit for bit: rotate_half(x) * sin is the two halves swapped
+    (one roll) times sin with its first half negated (`sin` here)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin
+
+
+class _Layer(torch.nn.Module):
+    """One decoder layer over one layer of a KVCache (a module so that the stack can run as TorchScript)."""
+
+    in_doubled: Optional[torch.Tensor]
+    post_doubled: Optional[torch.Tensor]
+
+    def __init__(self, norm_in: Norm, qkv: Matmul, o: Matmul, norm_post: Norm, gate_up: Matmul, down: Matmul,
+                 source: int, shape: tuple[int, int, int], eps: float, score_scale: float):
+        super().__init__()
+        self.in_weight, self.in_doubled = norm_in.weight, norm_in.doubled
+        self.qkv = qkv  # [(Hq + 2 Hkv) D, H], the query rows scaled by 1/sqrt(D) when that is exact
+        self.o = o  # [H, Hq D]
+        self.post_weight, self.post_doubled = norm_post.weight, norm_post.doubled
+        self.gate_up = gate_up  # [2 I, H]
+        self.down = down  # [H, I]
+        self.source = source  # where the model's q/k/v weights are (fused): built from them while they stay there
+        self.heads, self.kv_heads, self.head_dim = shape
+        self.eps = eps
+        self.score_scale = score_scale  # 1.0 where the query weights took the attention scale
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, rows: Optional[torch.Tensor], past: int, keys: int,
+                mask: Optional[torch.Tensor], mask_from: int) -> torch.Tensor:
+        """x [n, H] (updated in place and returned); cos, sin [1, n, D]; k_cache, v_cache [Hkv, capacity, D]. The n
+        tokens' keys and values go into cache rows `rows` [n] (None: past..past+n), attention reads rows [:keys],
+        and `mask` [n, keys - mask_from] is added to the scores of the key columns from `mask_from` on."""
+        n = x.shape[0]
+        Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
+        group = Hq // Hkv
+        h = rms_norm(x, self.in_weight, self.in_doubled, self.eps)
+        qkv = self.qkv(h)  # [n, (Hq + 2 Hkv) D]
+        heads = qkv.view(n, Hq + 2 * Hkv, D).transpose(0, 1)  # [Hq + 2 Hkv, n, D]
+        qk = rotate(heads[: Hq + Hkv], cos, sin)  # q and k heads in one rotation (fewer small ops)
+        q, k = qk[:Hq], qk[Hq:]  # [Hq, n, D], [Hkv, n, D]
+        if rows is None:
+            k_cache[:, past : past + n] = k
+            v_cache[:, past : past + n] = heads[Hq + Hkv :]
+        else:
+            k_cache.index_copy_(1, rows, k)
+            v_cache.index_copy_(1, rows, heads[Hq + Hkv :])
+        K, V = k_cache[:, :keys], v_cache[:, :keys]  # [Hkv, S, D]
+        # query heads grouped under their key head: no copy of the cache per query head
+        q = q.reshape(Hkv, group * n, D)
+        scores = torch.bmm(q, K.transpose(1, 2))  # [Hkv, group n, S]
+        if self.score_scale != 1.0:
+            scores *= self.score_scale
+        if mask is not None:
+            scores.view(Hkv, group, n, keys)[:, :, :, mask_from:].add_(mask)
+        if scores.dtype == torch.float32:
+            probs = torch.softmax(scores, dim=-1)
+        else:
+            probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+        out = torch.bmm(probs, V)  # [Hkv, group n, D]
+        out = out.view(Hq, n, D).transpose(0, 1).reshape(n, Hq * D)  # [n, Hq D]
+        x += self.o(out)  # x is the pass's own tensor (the embedding lookup copied it)
+        h = rms_norm(x, self.post_weight, self.post_doubled, self.eps)
+        gate_up = self.gate_up(h)  # [n, 2 I]
+        inner = gate_up.shape[1] // 2
+        x += self.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
+        return x
+
+
+class LayerStack(torch.nn.Module):
+    """Every decoder layer and the final norm: the hidden states [n, H] after the final norm.
+
+    On a CPU it runs as TorchScript: a step of a small model is some 25 small ops per layer at a few us of
+    arithmetic each, and eager mode pays as much again in Python per op (a 1-token step of SmolLM2-135M: 25 ms
+    eager, 16 ms scripted, the same ops and the same results bit for bit)."""
+
+    norm_doubled: Optional[torch.Tensor]
+
+    def __init__(self, layers: list[_Layer], norm: Norm, eps: float):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+        self.norm_weight, self.norm_doubled = norm.weight, norm.doubled
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                rows: Optional[torch.Tensor], past: int, keys: int, mask: Optional[torch.Tensor],
+                mask_from: int) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, k[i], v[i], rows, past, keys, mask, mask_from)
+        return rms_norm(x, self.norm_weight, self.norm_doubled, self.eps)  # [n, H]
+
+
+def scripted(stack: LayerStack) -> torch.jit.ScriptModule | None:
+    """The stack as TorchScript, run without the profiling executor's re-optimisations (the same ops as eager);
+    None where this torch cannot script it (then the stack runs eagerly)."""
+    try:
+        with warnings.catch_warnings():
+            # torch.jit is deprecated for torch.compile, which did not pay on this CPU (README); it still runs here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.script(stack)
+    except Exception as exc:  # noqa: BLE001 - any failure to script leaves the eager stack, which always works
+        log.warning("The decoder layers run in eager mode: TorchScript could not compile them (%s).",
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return None
 
 
 def _fused(linears, name: str) -> torch.Tensor:
@@ -216,7 +352,8 @@ class KVCache:
 class LeanLlama:
     """The forward pass of a Llama-family model over a KVCache; returns hidden states (the head is the caller's)."""
 
-    def __init__(self, model, max_positions: int, pack: str | bool | None = None, static: bool | None = None):
+    def __init__(self, model, max_positions: int, pack: str | bool | None = None, static: bool | None = None,
+                 script: bool | None = None):
         cfg = model.config
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
@@ -227,38 +364,52 @@ class LeanLlama:
         self.embed = model.get_input_embeddings().weight  # [V, H]
         self.norm = Norm.of(model.model.norm.weight)
         self.packing = pick_packing(pack, self.dtype, self.device)
-        # fused (and packed) once per model and shared by every LeanLlama over it (each Decoder builds one)
-        key = f"_lean_{self.packing}"
-        built = model.__dict__.get(key)  # (layers, head)
-        q = model.model.layers[0].self_attn.q_proj.weight
         scale = query_scale(self.head_dim)
-        if built is None or built[0][0].source != q.data_ptr():  # never built, or moved/cast since
-            head = model.get_output_embeddings()
-            built = model.__dict__[key] = ([self._fuse(layer, self.packing, self.heads * self.head_dim, scale)
-                                            for layer in model.model.layers],
-                                           Matmul.of(head.weight, head.bias, self.packing))
-        self.layers = built[0]
-        self.head = built[1]  # logits [n, V] from final hidden states [n, H]
         # the attention scale, where the query weights could not take it exactly
         self.score_scale = 1.0 if scale is not None else self.head_dim**-0.5
-        self.theta, self.max_positions = _rope_theta(cfg), max_positions
-        self._causal: torch.Tensor | None = None  # [n, n] additive causal mask, kept for the next prefill chunk
-        self.cos, self.sin = self._rope_table(min(max_positions, 2 * CACHE_BLOCK))  # [P, D] each, grown on demand
         # Verification steps run static (see `step`) on a GPU, where launches cost more than the arithmetic; on a
         # CPU the eager step reads only the valid rows, which is cheaper.
         self.static = self.device.type == "cuda" if static is None else static
+        # The layers run as TorchScript on a CPU (Python costs as much as the small ops there); a GPU replays
+        # captured graphs of the eager stack instead.
+        script = self.device.type == "cpu" if script is None else script
+        # fused (and packed) once per model and shared by every LeanLlama over it (each Decoder builds one)
+        key = f"_lean_{self.packing}"
+        built = model.__dict__.get(key)  # (layers, head, {script: stack})
+        q = model.model.layers[0].self_attn.q_proj.weight
+        if built is None or built[0][0].source != q.data_ptr():  # never built, or moved/cast since
+            head = model.get_output_embeddings()
+            shape = (self.heads, self.kv_heads, self.head_dim)
+            layers = [self._fuse(layer, self.packing, shape, scale, self.eps, self.score_scale)
+                      for layer in model.model.layers]
+            built = model.__dict__[key] = (layers, Matmul.of(head.weight, head.bias, self.packing), {})
+        self.layers = built[0]
+        self.head = built[1]  # logits [n, V] from final hidden states [n, H]
+        stacks = built[2]
+        if script not in stacks:
+            stack = LayerStack(self.layers, self.norm, self.eps)
+            stacks[script] = (scripted(stack) if script else None) or stack
+        self.stack = stacks[script]
+        self.theta, self.max_positions = _rope_theta(cfg), max_positions
+        self._causal: torch.Tensor | None = None  # [n, n] additive causal mask, kept for the next prefill chunk
+        self.cos, self.sin = self._rope_table(min(max_positions, 2 * CACHE_BLOCK))  # [P, D] each, grown on demand
         self.graphs = StepGraphs(self) if self.static and self.device.type == "cuda" else None
         if self.static:  # a captured graph reads the table where it was: allocate it whole, once
             self.cos, self.sin = self._rope_table(max_positions)
 
+    @property
+    def scripted(self) -> bool:
+        return isinstance(self.stack, torch.jit.ScriptModule)
+
     @staticmethod
     @torch.no_grad()
-    def _fuse(layer, pack: str, q_rows: int, scale: float | None) -> _Layer:
+    def _fuse(layer, pack: str, shape: tuple[int, int, int], scale: float | None, eps: float,
+              score_scale: float) -> _Layer:
         """One matmul for q, k and v, one for gate and up. The modules' own weights become views into the fused
         tensors, so the model holds its weights once and the transformers path keeps working on them. With a
-        `scale`, the matmul's query rows (the first `q_rows`) are a scaled copy: attention then needs no scaling
-        op per layer."""
+        `scale`, the matmul's query rows are a scaled copy: attention then needs no scaling op per layer."""
         at, mlp = layer.self_attn, layer.mlp
+        q_rows = shape[0] * shape[2]
         fused = getattr(layer, "_lean_fused", None)
         if fused is None or fused[0].data_ptr() != at.q_proj.weight.data_ptr():
             qkv = _fused([at.q_proj, at.k_proj, at.v_proj], "weight")
@@ -278,6 +429,9 @@ class LeanLlama:
             gate_up=Matmul.of(gate_up, None, pack),
             down=Matmul.of(mlp.down_proj.weight, None, pack),
             source=fused[0].data_ptr(),
+            shape=shape,
+            eps=eps,
+            score_scale=score_scale,
         )
 
     def _rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,20 +450,9 @@ class LeanLlama:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
 
     def _rms(self, x: torch.Tensor, norm: Norm) -> torch.Tensor:
-        if norm.doubled is not None:
-            # fp32: RMSNorm is LayerNorm over [x, -x] (mean 0, the same mean square), one kernel where torch's
-            # rms_norm is six ops on a CPU (30 against 13 us a call here, 61 calls a step); the same to rounding
-            H = x.shape[-1]
-            return F.layer_norm(torch.cat([x, -x], dim=-1), norm.doubled.shape, norm.doubled, None, self.eps)[:, :H]
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return norm.weight * h.to(x.dtype)
+        return rms_norm(x, norm.weight, norm.doubled, self.eps)
 
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """transformers' x * cos + rotate_half(x) * sin, bit for bit: rotate_half(x) * sin is the two halves
-        swapped (one roll) times sin with its first half negated (`sin` here)."""
-        return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin
+    _rotate = staticmethod(rotate)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
@@ -332,36 +475,13 @@ class LeanLlama:
         """The decoder layers over n new tokens: their keys and values go into cache rows `rows` (a slice, or a
         [n] index tensor), attention reads rows [:keys], and `mask` [n, keys - mask_from] is added to the scores
         of the key columns from `mask_from` on. Returns the hidden states [n, H] after the final norm."""
-        n = ids.shape[0]
-        Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
-        group = Hq // Hkv
         cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, n, D]
         x = self.embed[ids]  # [n, H]
-        for li, layer in enumerate(self.layers):
-            h = self._rms(x, layer.norm_in)
-            qkv = layer.qkv(h)  # [n, (Hq + 2 Hkv) D]
-            heads = qkv.view(n, Hq + 2 * Hkv, D).transpose(0, 1)  # [Hq + 2 Hkv, n, D]
-            qk = self._rotate(heads[: Hq + Hkv], cos, sin)  # q and k heads in one rotation (fewer small ops)
-            q, k = qk[:Hq], qk[Hq:]  # [Hq, n, D], [Hkv, n, D]
-            cache.k[li, :, rows] = k
-            cache.v[li, :, rows] = heads[Hq + Hkv :]
-            K, V = cache.k[li, :, :keys], cache.v[li, :, :keys]  # [Hkv, S, D]
-            # query heads grouped under their key head: no copy of the cache per query head
-            q = q.reshape(Hkv, group * n, D)
-            scores = torch.bmm(q, K.transpose(1, 2))  # [Hkv, group n, S]
-            if self.score_scale != 1.0:
-                scores *= self.score_scale
-            if mask is not None:
-                scores.view(Hkv, group, n, keys)[..., mask_from:].add_(mask)
-            probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else (
-                torch.softmax(scores.float(), dim=-1).to(self.dtype))
-            out = torch.bmm(probs, V)  # [Hkv, group n, D]
-            out = out.view(Hq, n, D).transpose(0, 1).reshape(n, Hq * D)  # [n, Hq D]
-            x += layer.o(out)  # x is this pass's own tensor (the embedding lookup copied it)
-            h = self._rms(x, layer.norm_post)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [n, I] each
-            x += layer.down(F.silu(gate) * up)
-        return self._rms(x, self.norm)  # [n, H]
+        past, slots = (rows.start, None) if isinstance(rows, slice) else (0, rows)
+        if not self.scripted:
+            return self.stack(x, cos, sin, cache.k, cache.v, slots, past, keys, mask, mask_from)
+        with torch.jit.optimized_execution(False):  # the ops as written: no re-optimisation per new shape
+            return self.stack(x, cos, sin, cache.k, cache.v, slots, past, keys, mask, mask_from)
 
     # -- the static step -----------------------------------------------------------------------------------------
     @torch.inference_mode()

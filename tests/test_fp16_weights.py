@@ -119,7 +119,7 @@ def test_the_setting_takes_float16_weights():
 def test_lean_engines_over_one_model_keep_their_own_packing(cpu_tiny):
     fp16 = LeanLlama(cpu_tiny.model, 64, pack="fp16")
     exact = LeanLlama(cpu_tiny.model, 64)
-    assert fp16.layers[0].qkv.fp16 is not None and exact.layers[0].qkv.fp16 is None
+    assert fp16.layers[0].qkv.packing == "fp16" and exact.layers[0].qkv.packing != "fp16"
     assert LeanLlama(cpu_tiny.model, 64, pack="fp16").layers is fp16.layers  # packed once per model
 
 

@@ -56,3 +56,56 @@ def test_the_attention_scale_moves_into_the_weights_only_when_exact():
         got = lean.layers[0].qkv(x)
         torch.testing.assert_close(got[:, :q_rows], (x @ fused[:q_rows].T) * scale, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(got[:, q_rows:], x @ fused[q_rows:].T, rtol=1e-6, atol=1e-6)
+
+
+def _tiny_odd_head_dim():
+    """A Llama whose 1/sqrt(head_dim) is not a power of two: attention scales its scores per layer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2)).eval()
+
+
+def _run(lean: LeanLlama, static: bool) -> list[torch.Tensor]:
+    """A prefill, a 1-token step and a tree step: their hidden states, then the cache's valid rows."""
+    from test_static_step import random_tree, tree_step
+    import random
+
+    cache = lean.new_cache()
+    rnd = random.Random(5)
+    prompt = [rnd.randrange(97) for _ in range(20)]
+    out = [lean.forward(torch.tensor(prompt), torch.arange(20), cache).clone()]
+    out.append(tree_step(lean, cache, random_tree(1, rnd, 97), static).clone())
+    out.append(tree_step(lean, cache, random_tree(7, rnd, 97), static).clone())
+    return out + [cache.k[:, :, : cache.length].clone(), cache.v[:, :, : cache.length].clone()]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "odd-head-dim"])
+@pytest.mark.parametrize("pack", ["none", "onednn", "fp16"])
+@pytest.mark.parametrize("static", [False, True], ids=["eager-step", "static-step"])
+def test_the_scripted_layers_compute_what_the_python_layers_do_bit_for_bit(arch, pack, static):
+    model = _tiny_odd_head_dim() if arch == "odd-head-dim" else tiny_model(arch).model
+    scripted = LeanLlama(model, 512, pack=pack, script=True)
+    python = LeanLlama(model, 512, pack=pack, script=False)
+    assert scripted.scripted and not python.scripted and scripted.layers is python.layers
+    if arch == "odd-head-dim":
+        assert scripted.score_scale != 1.0
+    for got, want in zip(_run(scripted, static), _run(python, static), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_layers_that_cannot_be_scripted_run_eagerly_and_say_so_once(monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this torch has no TorchScript\nmore detail")
+
+    monkeypatch.setattr(torch.jit, "script", refuse)
+    model = tiny_model("llama").model
+    with caplog.at_level("WARNING", logger="rest_lsp.lean_llama"):
+        lean = LeanLlama(model, 512, script=True)
+    assert not lean.scripted
+    assert [r.getMessage() for r in caplog.records] == [
+        "The decoder layers run in eager mode: TorchScript could not compile them (this torch has no TorchScript)."]
+    python = LeanLlama(model, 512, script=False)
+    for got, want in zip(_run(lean, False), _run(python, False), strict=True):
+        assert torch.equal(got, want)
