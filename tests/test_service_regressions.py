@@ -20,6 +20,7 @@ from lsprotocol import types
 
 import rest_lsp.completion as completion_module
 from rest_lsp.completion import CompletionService, NoEvents, finish_text
+from rest_lsp.lean_llama import LayerStack
 from rest_lsp.model import Tokenizer
 from rest_lsp.postprocess import stop_context
 from rest_lsp.settings import Settings
@@ -134,17 +135,22 @@ def _fail_once(svc: CompletionService):
                 raise RuntimeError("CUDA out of memory (simulated)")
 
         return decoder.model.model.layers[1].register_forward_pre_hook(boom, with_kwargs=True)
-    rms, calls = decoder.lean._rms, []
+    lean = decoder.lean
+    scripted = lean.stack
 
-    def failing_rms(x, weight):  # our own forward calls no modules: its 3rd norm is layer 1's first
-        calls.append(1)
-        if not fired and len(calls) == 3:
+    def failing_layer(module, args):  # the lean layers, run in Python for this: a hook fails layer 1
+        if not fired:
             fired.append(1)
             raise RuntimeError("CUDA out of memory (simulated)")
-        return rms(x, weight)
 
-    decoder.lean._rms = failing_rms
-    return SimpleNamespace(remove=lambda: setattr(decoder.lean, "_rms", rms))
+    hook = lean.layers[1].register_forward_pre_hook(failing_layer)
+    lean.stack = LayerStack(lean.layers, lean.norm, lean.eps)
+
+    def remove():
+        hook.remove()
+        lean.stack = scripted
+
+    return SimpleNamespace(remove=remove)
 
 
 def test_a_failure_inside_the_forward_pass_does_not_poison_later_completions(service, tiny_models):
