@@ -95,6 +95,15 @@ def test_the_scripted_layers_compute_what_the_python_layers_do_bit_for_bit(arch,
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_scripted_layers_compute_what_the_python_layers_do_in_bfloat16(arch):
+    model = tiny_model(arch).model.to(torch.bfloat16)  # what a CPU with bf16 in hardware runs by default
+    scripted, python = LeanLlama(model, 512, script=True), LeanLlama(model, 512, script=False)
+    assert scripted.scripted and scripted.norm.doubled is None  # the half-dtype norm, in transformers' op order
+    for got, want in zip(_run(scripted, False), _run(python, False), strict=True):
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
 def test_layers_that_cannot_be_scripted_run_eagerly_and_say_so_once(monkeypatch, caplog):
     def refuse(*args, **kwargs):
         raise RuntimeError("this torch has no TorchScript\nmore detail")
