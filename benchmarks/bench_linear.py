@@ -45,7 +45,7 @@ def main() -> None:
     with torch.inference_mode():
         for name, (out, inp) in SHAPES.items():
             weight = torch.randn(out, inp)
-            packed = Matmul.of(weight, None, pack=True)
+            packed = Matmul.of(weight, None, pack="onednn")
             cells = []
             for m in rows:
                 x = torch.randn(m, inp)

@@ -42,8 +42,8 @@ NOISE_LIMIT = 1.5  # rounds further apart than this (median over sizes of slowes
 # holding OpenMP workers (before, a datastore's suffix sort in another thread could make libgomp stop spin-waiting,
 # which added the same wake-ups to every size and made the curve look flatter than it is: priority.py); 4: the lean
 # step with fewer small ops per layer (the norm as one kernel, one roll per rotation, attention's scale in the
-# query weights), which costs a tree less than one token in absolute terms; 5: the lean engine's layers run as TorchScript on a
-# CPU (a third less per step, and a steeper curve)
+# query weights), which costs a tree less than one token in absolute terms; 5: the lean engine's layers run as
+# TorchScript on a CPU (a third less per step, and a steeper curve)
 METHOD = 5
 
 

@@ -107,8 +107,8 @@ class Matmul(torch.nn.Module):
 
     @staticmethod
     @torch.no_grad()
-    def of(weight: torch.Tensor, bias: torch.Tensor | None, pack: str | bool) -> "Matmul":
-        if pack is True or pack == "onednn":
+    def of(weight: torch.Tensor, bias: torch.Tensor | None, pack: str) -> "Matmul":
+        if pack == "onednn":
             return OneDNNMatmul(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS), bias)
         if pack == "fp16":
             return Fp16Matmul(torch.ops.quantized.linear_prepack_fp16(weight.detach(),
@@ -478,9 +478,8 @@ class LeanLlama:
         cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, n, D]
         x = self.embed[ids]  # [n, H]
         past, slots = (rows.start, None) if isinstance(rows, slice) else (0, rows)
-        if not self.scripted:
-            return self.stack(x, cos, sin, cache.k, cache.v, slots, past, keys, mask, mask_from)
-        with torch.jit.optimized_execution(False):  # the ops as written: no re-optimisation per new shape
+        # scripted, the ops as written: no re-optimisation per new shape (no effect on the Python stack)
+        with torch.jit.optimized_execution(False):
             return self.stack(x, cos, sin, cache.k, cache.v, slots, past, keys, mask, mask_from)
 
     # -- the static step -----------------------------------------------------------------------------------------
