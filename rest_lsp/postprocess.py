@@ -9,6 +9,9 @@ text. Rules, in the spirit of Tabby and Continue:
   - text that repeats what follows the cursor (the rest of the cursor line, or the
     next non-blank line of the suffix);
   - at top level, two blank lines end the completion;
+  - at most `max_lines` lines with text where several may come (0: no limit): the person reads the first
+    line first, and the next comes computed when they accept it. A length set by the text alone makes a
+    suggestion the same however fast it was decoded;
   - never an empty or whitespace-only completion (returned as "").
 The model's end-of-text is the caller's: it cuts the token ids there.
 
@@ -41,9 +44,10 @@ class StopContext:
     next_line: str  # the first non-blank line after the cursor line, stripped ("" if none)
     multiline: bool
     held: str = ""  # the cursor line's whitespace that the prompt left out; the model writes it
+    max_lines: int = 0  # lines with text a multi-line completion keeps at most (0: no limit)
 
 
-def stop_context(before: str, after: str) -> StopContext:
+def stop_context(before: str, after: str, max_lines: int = 0) -> StopContext:
     line_before = before[before.rfind("\n") + 1:]
     nl = after.find("\n")
     line_after = (after if nl < 0 else after[:nl]).rstrip("\r")
@@ -56,7 +60,7 @@ def stop_context(before: str, after: str) -> StopContext:
                 break
     opener = line_before.rstrip().endswith(BLOCK_OPENERS)
     multiline = not line_after.strip() and (not line_before.strip() or opener)
-    return StopContext(line_before, line_after, next_line, multiline, held_back(before))
+    return StopContext(line_before, line_after, next_line, multiline, held_back(before), max(0, max_lines))
 
 
 def _indent(line: str) -> int:
@@ -108,6 +112,10 @@ def _cut(text: str, ctx: StopContext, final: bool) -> tuple[str, bool]:
             return lines[0], True
         return text, False
 
+    capped = _line_cap(lines, complete, ctx.max_lines)
+    if capped is not None:  # the lines after the cap are never shown: the rules below read only those kept
+        lines = lines[:capped]
+        complete, text = capped, "\n".join(lines)
     full = [ctx.line_before + lines[0]] + lines[1:]  # whole lines, cursor line included
     # The block is set by the first line with content that the model wrote a line start for.
     first = 0 if not ctx.line_before.strip() else 1
@@ -136,4 +144,18 @@ def _cut(text: str, ctx: StopContext, final: bool) -> tuple[str, bool]:
         written = i >= 1 or not ctx.line_before.strip()  # the model wrote this whole line
         if written and i < complete and ctx.next_line and line.strip() == ctx.next_line:
             return "\n".join(lines[:i]), True
-    return text, False
+    return text, capped is not None
+
+
+def _line_cap(lines: list[str], complete: int, max_lines: int) -> int | None:
+    """How many of `lines` a cap of `max_lines` lines with text keeps, once the last of them is complete; None
+    while the cap has not been reached (or there is none)."""
+    if max_lines <= 0:
+        return None
+    seen = 0
+    for i in range(complete):
+        if lines[i].strip():
+            seen += 1
+            if seen == max_lines:
+                return i + 1
+    return None

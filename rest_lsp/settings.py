@@ -26,6 +26,10 @@ class Settings:
     device: str | None = None  # "cpu", "cuda", "cuda:1", "mps"; None = best available
     dtype: str | None = None  # "float32", "bfloat16", "float16", "float16-weights"; None = the model loader's choice
     max_new_tokens: int = 64
+    # lines a suggestion holds at most where several may come (an empty line, a block opener); the next ones come as
+    # the person accepts (the server computes them while the suggestion is shown). Set by text alone, a
+    # suggestion's length is the same however fast the server decodes. 0 = as many as the time budgets allow.
+    max_lines: int = 1
     draft_budget: int = 16  # draft-tree nodes verified per step; 0 = plain decoding (no REST)
     draft_exclude: tuple[str, ...] = ()  # draft sources left out (drafts.SOURCE_NAMES), for comparisons
     context_tokens: int = 1024  # prompt budget, prefix + suffix
@@ -99,6 +103,7 @@ def _snake(key: str) -> str:
 
 _RANGES = {
     "max_new_tokens": (1, 4096),
+    "max_lines": (0, 10_000),
     "draft_budget": (0, 1024),
     "context_tokens": (16, 1 << 20),
     "debounce_ms": (0, 10_000),
@@ -160,6 +165,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", help="torch device, e.g. cpu or cuda (default: best available)")
     g.add_argument("--dtype", choices=_DTYPES, help="weights dtype (default: the loader's choice)")
     g.add_argument("--max-new-tokens", type=int, help="most tokens per completion (default: 64)")
+    g.add_argument("--max-lines", type=int, help="most lines per suggestion at a line start or block opener; "
+                   "0 = as many as the time budgets allow (default: 1)")
     g.add_argument("--draft-budget", type=int, help="draft-tree nodes per step; 0 disables REST (default: 16)")
     g.add_argument("--draft-exclude", help="comma-separated draft sources to leave out: context, suffix, outputs, "
                    "workspace, recycle (default: none)")

@@ -375,7 +375,8 @@ def test_the_cache_is_bounded_and_keeps_the_recently_used():
 
 
 def test_one_line_when_text_follows_the_cursor_on_its_line(chain_dir):
-    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, wait_budget_ms=0, prefetch=False)
+    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, wait_budget_ms=0, prefetch=False,
+                   max_lines=0)
     try:
         multi = _submit(svc, "mem://o.py", "x = 0\n", "")
         assert multi is not None and multi.text.count("a = 1") >= 3
@@ -387,7 +388,8 @@ def test_one_line_when_text_follows_the_cursor_on_its_line(chain_dir):
 
 
 def test_after_the_time_budget_a_completion_ends_at_the_next_line_end(chain_dir):
-    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, wait_budget_ms=0, prefetch=False)
+    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, wait_budget_ms=0, prefetch=False,
+                   max_lines=0)
     try:
         unbounded = _submit(svc, "mem://t.py", "x = 0\n", "")
         assert unbounded is not None and unbounded.text.count("\n") >= 3
@@ -401,7 +403,7 @@ def test_after_the_time_budget_a_completion_ends_at_the_next_line_end(chain_dir)
 
 
 def test_a_completion_someone_waits_for_ends_at_the_line_end_after_the_wait_budget(chain_dir):
-    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, wait_budget_ms=0)
+    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, time_budget_ms=0, wait_budget_ms=0, max_lines=0)
     try:
         svc.expect("mem://b.py", "x = 0\n", 6)  # work begun ahead, nobody waiting: no budget applies
         wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the changed place")
@@ -411,6 +413,25 @@ def test_a_completion_someone_waits_for_ends_at_the_line_end_after_the_wait_budg
         svc._clock = lambda: float("inf")  # every check comes after the budget: no waiting on the wall clock
         waited = _submit(svc, "mem://b.py", "y = 0\n", "")
         assert waited.source == "model" and waited.text == "a = 1" and waited.tokens < 24
+    finally:
+        svc.close()
+
+
+def test_a_suggestion_holds_max_lines_lines_whatever_the_clock_says(chain_dir):
+    """The default cap of one line sets a suggestion's length by its text alone: a budget that has run out and one
+    that never does give the same suggestion, so REST and plain decoding, faster or slower, show the same."""
+    svc = _service(chain_dir, max_new_tokens=24, draft_budget=0, prefetch=False)
+    try:
+        assert svc.settings.max_lines == 1
+        free = _submit(svc, "mem://m.py", "x = 0\n", "")
+        assert free is not None and free.text == "a = 1" and free.tokens < 24  # stopped at the first line's end
+        svc._clock = lambda: float("inf")  # every check comes after both budgets
+        late = _submit(svc, "mem://m.py", "y = 0\n", "")
+        assert late is not None and late.text == free.text
+        svc.update_settings(Settings(**{**svc.settings.__dict__, "max_lines": 2, "time_budget_ms": 0,
+                                        "wait_budget_ms": 0}))
+        two = _submit(svc, "mem://m.py", "z = 0\n", "")
+        assert two is not None and two.text == "a = 1\na = 1"
     finally:
         svc.close()
 

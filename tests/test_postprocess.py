@@ -100,3 +100,20 @@ def test_nothing_held_mid_line_or_at_column_zero():
     assert stop_context("    ", "").held == ""  # nothing before the cursor but whitespace
     assert stop_context("\n\n    ", "").held == ""
     assert final("\nprint(1)", "x = 1\n", "") == "\nprint(1)"  # the model's text as it is
+
+
+def test_max_lines_caps_a_multi_line_completion_at_its_last_whole_line():
+    one = stop_context("def f(x):\n    ", "\n", max_lines=1)
+    assert trim("\n    y = x + 1", one, final=False) == ("y = x + 1", False)  # the line may still grow
+    assert trim("\n    y = x + 1\n    return y", one, final=False) == ("y = x + 1", True)  # once whole: stop
+    assert trim("\n    y = x + 1\n", one, final=True) == ("y = x + 1", True)
+    # blank lines do not count; a block opener's rest of the cursor line (here a break) neither
+    two = stop_context("def f(x):", "\n", max_lines=2)
+    assert trim("\n    y = 1\n\n    z = 2\n    w = 3", two, final=False) == ("\n    y = 1\n\n    z = 2", True)
+    # the cap comes after the other rules: a dedent before it still ends the block there
+    assert trim("\n    return 1\nclass B:\n    pass\n", two, final=True) == ("\n    return 1", True)
+    # a cursor line with text of its own before a break counts as the first line
+    assert trim("a, b)\n    c = 2\n", stop_context("x = f(", "\n", max_lines=1), final=False) == ("a, b)", True)
+    # no cap: the block rules alone
+    free = stop_context("def f(x):\n    ", "\n")
+    assert trim("\n    y = 1\n    z = 2\n    w", free, final=False) == ("y = 1\n    z = 2\n    w", False)

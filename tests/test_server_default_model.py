@@ -38,10 +38,10 @@ async def test_inline_completion_with_the_default_model(default_model, tmp_path:
     root = tmp_path / "workspace"
     root.mkdir()
     # REST on, server defaults but the exact mode (a .gguf model defaults to float16-weights on a CPU without bf16,
-    # whose output may leave fp32's near a tie) and no time budget: the answer is compared with the whole greedy
-    # continuation of transformers' fp32 generate
+    # whose output may leave fp32's near a tie), no time budget and no line cap: the answer is compared with the
+    # whole greedy continuation of transformers' fp32 generate
     options = {"maxNewTokens": MAX_NEW, "cacheDir": str(tmp_path / "index"), "timeBudgetMs": 0, "waitBudgetMs": 0,
-               "dtype": "float32"}
+               "dtype": "float32", "maxLines": 0}
     client, _ = await start(server_command(), root, "visual-studio-code", options)
     try:
         async def ready():
