@@ -131,7 +131,7 @@ class CompletionService:
         # each document's prompt window start, moved by requests only (prompt.KeptStarts): warm-ups, guesses and
         # the request at one place build the same prompt, and so do two servers given the same requests
         self._starts = KeptStarts(PROMPT_STARTS)
-        self._requests = RequestQueue(self._lock, self._complete, self._debounce_s,
+        self._requests = RequestQueue(self._lock, self._complete, self._debounce_left_s,
                                       self._count_cancelled, self._completion_failed, warm=self._warm,
                                       idle=self._idle_job, guess=self._guess_job)
         self._feed = DatastoreFeed(self)
@@ -361,6 +361,12 @@ class CompletionService:
         s = self.settings
         with self._lock:
             return self._pace.debounce_s(s.debounce_ms / 1e3, s.debounce_max_ms / 1e3)
+
+    def _debounce_left_s(self) -> float:
+        """What the decoding thread waits before a job: the rest of the debounce since the last change or answer."""
+        s = self.settings
+        with self._lock:
+            return self._pace.wait_s(s.debounce_ms / 1e3, s.debounce_max_ms / 1e3)
 
     def _answer_now(self, job: Job) -> tuple[bool, Completion | None]:
         """(True, answer) for a request answered without decoding (under the lock): no model yet, the prefetched

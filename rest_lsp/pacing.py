@@ -14,6 +14,9 @@
     ceiling. Gaps longer than the ceiling are pauses, not typing, and are left out; so are gaps in which the person
     was given a suggestion: that gap is the server's latency plus the person's reading, not their typing (counted,
     a server that answers fast would look like a fast typist and wait longer before its next answer).
+    The debounce counts from the last change or answer (`wait_s`): work that starts later, such as the suggestion
+    computed at an edit once its prompt is warm, or a request an editor sends after its own debounce, waits only
+    what is left of it: a person who has paused that long already is not typing.
 """
 
 from __future__ import annotations
@@ -84,16 +87,18 @@ class TypingPace:
         self._gaps: deque[float] = deque(maxlen=PACE_WINDOW)
         self._last: float | None = None
         self._answered = False  # a suggestion went out since the last change
+        self._quiet_from: float | None = None  # the last change or answer
 
     def changed(self) -> None:
         now = self._clock()
         if self._last is not None and 0 <= now - self._last < PAUSE_S and not self._answered:
             self._gaps.append(now - self._last)
-        self._last, self._answered = now, False
+        self._last, self._answered, self._quiet_from = now, False, now
 
     def answered(self) -> None:
         """A request was answered: the gap up to the next change is the person reading, not typing."""
         self._answered = True
+        self._quiet_from = self._clock()
 
     def debounce_s(self, floor_s: float, ceiling_s: float) -> float:
         """The median typing gap, between `floor_s` and `ceiling_s`; `floor_s` when there is no typing to go by or
@@ -102,3 +107,10 @@ class TypingPace:
         if ceiling_s <= floor_s or not typing:
             return floor_s
         return min(ceiling_s, max(floor_s, statistics.median(typing)))
+
+    def wait_s(self, floor_s: float, ceiling_s: float) -> float:
+        """What is left of the debounce since the last change or answer (all of it when there was neither)."""
+        debounce = self.debounce_s(floor_s, ceiling_s)
+        if self._quiet_from is None:
+            return debounce
+        return max(0.0, debounce - (self._clock() - self._quiet_from))

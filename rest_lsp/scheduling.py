@@ -16,8 +16,9 @@ change does (`expect`), as do the wishes not yet started. Otherwise it warms the
 the place the next request will most likely come from (`expect`: an edit, a request, or a cursor the editor
 moved there, `moved`), asking between small chunks whether a
 request came in, and giving way to it at once; once warm, it computes the suggestion for that place too (`guess`:
-a person who stops typing asks there next). A guess waits the debounce first, and any change to its document or
-any request elsewhere stops it; a request for the identical text and cursor shares it.
+a person who stops typing asks there next). A guess waits what is left of the debounce since the change (the
+warm-up overlaps it), and any change to its document or any request elsewhere stops it; a request for the
+identical text and cursor shares it.
 """
 
 from __future__ import annotations
@@ -268,9 +269,10 @@ class RequestQueue:
                 continue
             try:
                 result = None
-                # every job waits the debounce: a person still typing makes a guess worthless, and a change right
-                # after an answer (writing on instead of accepting) the prefetch of accepting it, whose first step,
-                # once begun, would hold the decoder from the work at the new place until it ends
+                # every job waits the debounce (what is left of it since the last change or answer): a person
+                # still typing makes a guess worthless, and a change right after an answer (writing on instead of
+                # accepting) the prefetch of accepting it, whose first step, once begun, would hold the decoder
+                # from the work at the new place until it ends
                 debounce = self._debounce_s()
                 if not job.cancelled() and not job.cancel_event.wait(debounce):
                     result = self._run(job)

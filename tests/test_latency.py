@@ -3,6 +3,7 @@ time budget and the adaptive debounce. Real tiny models (conftest_server); the d
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -460,12 +461,13 @@ def test_the_debounce_follows_the_typing_speed(tiny_models):
     svc = _service(tiny_models["random"], debounce_ms=20, debounce_max_ms=250)
     try:
         assert svc.stats()["debounce_ms"] == pytest.approx(20)  # no typing seen yet: the configured debounce
-        times = iter([100.0 + 0.12 * i for i in range(6)] + [200.0, 200.05])
+        times = iter([100.0 + 0.12 * i for i in range(6)] + [100.65, 200.0, 200.05])
         svc._pace = TypingPace(clock=lambda: next(times))  # the changes' times, not the wall clock's
         for _ in range(6):
             svc.cancel("mem://d.py")  # what the server calls on each change of a document
         assert svc.stats()["debounce_ms"] == pytest.approx(120)
-        assert svc._requests._debounce_s() == pytest.approx(0.12)  # what the decoding thread waits
+        # what the decoding thread waits 50 ms after the last change: the rest of the debounce
+        assert svc._requests._debounce_s() == pytest.approx(0.07)
         svc.cancel("mem://d.py")  # a pause of 99 s is not typing
         svc.cancel("mem://d.py")  # then one quick keystroke
         assert svc.stats()["debounce_ms"] == pytest.approx(120)
@@ -500,7 +502,7 @@ def test_the_line_budget_stops_at_a_line_end_when_the_next_line_would_not_fit():
 
 
 def test_a_gap_with_an_answer_is_not_typing():
-    pace = TypingPace(clock=iter((0.0, 0.05, 0.10, 0.30, 0.50, 0.70)).__next__)
+    pace = TypingPace(clock=iter((0.0, 0.05, 0.10, 0.29, 0.30, 0.49, 0.50, 0.69, 0.70)).__next__)
     for _ in range(3):
         pace.changed()  # typing: two gaps of 50 ms
     for _ in range(3):
@@ -514,8 +516,8 @@ def test_a_fast_answer_does_not_lengthen_the_next_wait(tiny_models):
     speed, and the next request waits only the configured debounce (the server's own speed must not slow it)."""
     svc = _service(tiny_models["random"], debounce_ms=20, debounce_max_ms=250, prefetch=False)
     try:
-        times = iter([100.0 + 0.2 * i for i in range(4)])
-        svc._pace = TypingPace(clock=lambda: next(times))
+        ticks = itertools.count()
+        svc._pace = TypingPace(clock=lambda: 100.0 + 0.1 * next(ticks))  # every look at the clock: 100 ms later
         svc.cancel("mem://d.py")
         for i in range(3):
             _submit(svc, "mem://d.py", f"def f{i}(x):\n    return ", "")  # answered (text or nothing)
@@ -523,6 +525,19 @@ def test_a_fast_answer_does_not_lengthen_the_next_wait(tiny_models):
         assert svc.stats()["debounce_ms"] == pytest.approx(20)
     finally:
         svc.close()
+
+
+def test_the_debounce_counts_from_the_last_change_or_answer():
+    now = [0.0]
+    pace = TypingPace(clock=lambda: now[0])
+    assert pace.wait_s(0.02, 0.25) == 0.02  # nothing yet: all of it
+    pace.changed()
+    now[0] = 0.005
+    assert pace.wait_s(0.02, 0.25) == pytest.approx(0.015)  # work queued 5 ms after the change waits the rest
+    now[0] = 0.05
+    assert pace.wait_s(0.02, 0.25) == 0.0  # a warm-up that took longer than the debounce: none left
+    pace.answered()
+    assert pace.wait_s(0.02, 0.25) == 0.02  # an answer starts it again: the person reads it
 
 
 def test_the_debounce_is_clamped():
