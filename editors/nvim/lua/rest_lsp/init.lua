@@ -29,6 +29,7 @@ local defaults = {
     device = nil, -- "cpu", "cuda", "cuda:1", "mps"
     dtype = nil, -- "float32" (exact), "float16", "bfloat16", "float16-weights"
     max_new_tokens = nil, -- server default 64
+    max_lines = nil, -- most lines per suggestion at a line start or block opener; 0 = no limit (server default 1)
     draft_budget = nil, -- draft tokens checked per step; 0 = plain decoding (server default 16)
     debounce_ms = nil, -- the server's own wait before decoding (server default 20)
     ignore = nil, -- extra gitignore patterns the indexer skips
