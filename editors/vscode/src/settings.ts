@@ -10,6 +10,7 @@ export interface RestLspSettings {
   device: string;
   dtype: string;
   maxNewTokens: number;
+  maxLines: number;
   budget: number;
   debounceMs: number;
   ignore: string[];
@@ -26,6 +27,7 @@ export const DEFAULT_SETTINGS: RestLspSettings = {
   device: "",
   dtype: "",
   maxNewTokens: 64,
+  maxLines: 1,
   budget: 16,
   debounceMs: 20,
   ignore: [],
@@ -103,6 +105,7 @@ export function readSettings(get: (key: string) => unknown): ReadResult {
       device: str("device", d.device),
       dtype,
       maxNewTokens: int("maxNewTokens", d.maxNewTokens, 1, 1024),
+      maxLines: int("maxLines", d.maxLines, 0, 1000),
       budget: int("budget", d.budget, 0, 256),
       debounceMs: int("debounceMs", d.debounceMs, 0, 5000),
       ignore: strings("ignore", d.ignore),
@@ -136,6 +139,7 @@ export function serverOptions(s: RestLspSettings): Record<string, unknown> {
     device: orNull(s.device),
     dtype: orNull(s.dtype),
     max_new_tokens: s.maxNewTokens,
+    max_lines: s.maxLines,
     draft_budget: s.budget,
     debounce_ms: s.debounceMs,
     ignore: s.ignore,

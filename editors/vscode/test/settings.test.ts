@@ -27,6 +27,7 @@ test("set values are read and trimmed", () => {
       device: "cuda",
       dtype: "bfloat16",
       maxNewTokens: 128,
+      maxLines: 3,
       budget: 0,
       debounceMs: 50,
       ignore: ["*.lock", " "],
@@ -38,6 +39,7 @@ test("set values are read and trimmed", () => {
   assert.equal(settings.model, "Qwen/Qwen2.5-Coder-1.5B");
   assert.equal(settings.dtype, "bfloat16");
   assert.equal(settings.maxNewTokens, 128);
+  assert.equal(settings.maxLines, 3);
   assert.equal(settings.budget, 0);
   assert.deepEqual(settings.ignore, ["*.lock"]);
   assert.deepEqual(settings.languages, ["python", "rust"]);
@@ -47,6 +49,7 @@ test("each bad value gets one sentence and its default", () => {
   const { settings, problems } = readSettings(
     reader({
       maxNewTokens: 0,
+      maxLines: -1,
       budget: 2.5,
       debounceMs: "fast",
       dtype: "int4",
@@ -57,6 +60,7 @@ test("each bad value gets one sentence and its default", () => {
     }),
   );
   assert.equal(settings.maxNewTokens, DEFAULT_SETTINGS.maxNewTokens);
+  assert.equal(settings.maxLines, DEFAULT_SETTINGS.maxLines);
   assert.equal(settings.budget, DEFAULT_SETTINGS.budget);
   assert.equal(settings.debounceMs, DEFAULT_SETTINGS.debounceMs);
   assert.equal(settings.dtype, "");
@@ -64,7 +68,7 @@ test("each bad value gets one sentence and its default", () => {
   assert.deepEqual(settings.languages, ["*"]);
   assert.deepEqual(settings.ignore, []);
   assert.equal(settings.serverCommand, "rest-lsp");
-  assert.equal(problems.length, 8);
+  assert.equal(problems.length, 9);
   assert.ok(problems.some((p) => p.startsWith("restLsp.maxNewTokens must be a whole number from 1 to 1024")));
   assert.ok(problems.some((p) => p.startsWith("restLsp.dtype must be one of")));
   for (const p of problems) assert.match(p, /^restLsp\.[\w.]+ .*\.$/);
@@ -88,6 +92,7 @@ test("server options use the server's names, and null for what the server should
     device: null,
     dtype: null,
     max_new_tokens: 64,
+    max_lines: 1,
     draft_budget: 16,
     debounce_ms: 20,
     ignore: [],
@@ -97,6 +102,7 @@ test("server options use the server's names, and null for what the server should
     device: "cuda:1",
     dtype: "float16",
     max_new_tokens: 64,
+    max_lines: 1,
     draft_budget: 16,
     debounce_ms: 20,
     ignore: ["x"],
