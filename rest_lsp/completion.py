@@ -617,7 +617,8 @@ class CompletionService:
                 "prefetch_hits": self._prefetch_hits,
                 "prefetch_cancelled": self._prefetch_cancelled,
                 "guessed": self._guessed,  # suggestions computed in full at the last change, before a request
-                "debounce_ms": self._debounce_s() * 1e3,  # what the next request waits, at the current pace
+                # the debounce at the current pace; a job waits what is left of it since the last change or answer
+                "debounce_ms": self._debounce_s() * 1e3,
                 "cancelled": self._cancelled,
                 "mean_tokens_per_step": self._gen_tokens / self._gen_steps if self._gen_steps else None,
                 "mean_ms_per_token": self._decode_ms / self._gen_tokens if self._gen_tokens else None,

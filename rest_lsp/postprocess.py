@@ -60,7 +60,7 @@ def stop_context(before: str, after: str, max_lines: int = 0) -> StopContext:
                 break
     opener = line_before.rstrip().endswith(BLOCK_OPENERS)
     multiline = not line_after.strip() and (not line_before.strip() or opener)
-    return StopContext(line_before, line_after, next_line, multiline, held_back(before), max(0, max_lines))
+    return StopContext(line_before, line_after, next_line, multiline, held_back(before), max_lines)
 
 
 def _indent(line: str) -> int:
