@@ -63,7 +63,7 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 DEFAULT_CORPORA = (STDLIB / "json", STDLIB / "email", REPO / "rest_lsp")
 CONFIGS = {"rest": (), "plain": ("--draft-budget", "0")}  # name -> server CLI flags
 # Ablations: REST with one draft source left out (rest_lsp.drafts.SOURCE_NAMES)
-for _source in ("context", "suffix", "outputs", "workspace", "recycle"):
+for _source in ("context", "suffix", "outputs", "workspace", "recycle", "held"):
     CONFIGS[f"rest-no-{_source}"] = ("--draft-exclude", _source)
 MODES = ("line", "typed")
 # Cumulative counters the stats would need for exact per-request deltas (not in the server's stats yet: without

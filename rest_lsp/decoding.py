@@ -459,14 +459,17 @@ class Decoder:
             depth_limit = self.rope_switch - seq_length
         out = []
         for prop in proposals:
-            if depth_limit is None and all(0 <= t < self.vocab_size for t in prop.tokens):
+            if depth_limit is None and all(0 <= t < self.vocab_size for t in prop.tokens + prop.under):
                 out.append(prop)
+                continue
+            if not all(0 <= t < self.vocab_size for t in prop.under) or (
+                    depth_limit is not None and len(prop.under) >= depth_limit):
                 continue
             where: list[int] = []  # old index -> new index, -2 when dropped
             depth: list[int] = []
             tokens, parents, ratios = [], [], []
             for t, parent, ratio in zip(prop.tokens, prop.parents, prop.ratios):
-                d = 1 if parent < 0 else depth[parent] + 1
+                d = len(prop.under) + 1 if parent < 0 else depth[parent] + 1
                 depth.append(d)
                 up = -1 if parent < 0 else where[parent]
                 if up == -2 or not 0 <= t < self.vocab_size or (depth_limit is not None and d > depth_limit):
@@ -477,7 +480,8 @@ class Decoder:
                 parents.append(up)
                 ratios.append(ratio)
             if tokens:
-                out.append(Proposal(prop.source, prop.match_length, tuple(tokens), tuple(parents), tuple(ratios)))
+                out.append(Proposal(prop.source, prop.match_length, tuple(tokens), tuple(parents), tuple(ratios),
+                                    prop.under))
         return out
 
     def _keep_rows(self, base: int, rows: list[int]) -> None:

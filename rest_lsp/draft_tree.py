@@ -67,18 +67,25 @@ def build_tree(
     toks: list[int] = [root_token]
     votes: list[list[tuple[Key, float]]] = [[]]
     depth: list[int] = [0]
+
+    def node_under(up: int, t: int) -> int:
+        node = trie[up].get(t)
+        if node is None:
+            node = len(trie)
+            trie[up][t] = node
+            trie.append({})
+            toks.append(t)
+            votes.append([])
+            depth.append(depth[up] + 1)
+        return node
+
     for prop in proposals:
+        base = 0
+        for t in prop.under:  # a start that another source proposes: this one hangs below it, without a vote there
+            base = node_under(base, t)
         where = [0] * len(prop)  # proposal index -> trie node
         for i, (t, parent, ratio) in enumerate(zip(prop.tokens, prop.parents, prop.ratios)):
-            up = 0 if parent < 0 else where[parent]
-            node = trie[up].get(t)
-            if node is None:
-                node = len(trie)
-                trie[up][t] = node
-                trie.append({})
-                toks.append(t)
-                votes.append([])
-                depth.append(depth[up] + 1)
+            node = node_under(base if parent < 0 else where[parent], t)
             key = bucket(prop.source, prop.match_length, depth[node])
             votes[node].append((key, ratio))
             where[i] = node

@@ -37,6 +37,8 @@ class Proposal:
     `parents[i]` is the index of node i's parent in this proposal, -1 for a child of the context's last token;
     parents come first. `ratios[i]` is the source's own estimate of P(node i | its parent was accepted): the
     share of its continuations through the parent that go on through node i. The decoder calibrates it.
+    `under`: tokens the forest hangs below instead (a start of the output that another source proposes; this one
+    does not vote on them).
     """
 
     source: str
@@ -44,6 +46,7 @@ class Proposal:
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
     ratios: tuple[float, ...]
+    under: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -322,6 +325,49 @@ class DatastoreDrafts:
         return [Proposal.from_continuations(self.name, found.match_length, found.continuations)]
 
 
+class KnownStart:
+    """Drafts for an output whose start is known: `start`, due right after the first `at` context tokens.
+
+    A prompt can end before text that is already written: the whitespace before the cursor that the prompt holds
+    back (prompt.held_back: an auto-indented line start, which the model writes itself as one token with the line
+    break). The model almost always writes it, and every continuation that does not begin with it is wasted: the
+    sources, asked what follows the prompt, propose the rest of the line above as often as a line break, and line
+    breaks at other indentations. So right after the prompt `start` is proposed as a chain (source "held"), and the
+    other sources are asked what follows the context *and* `start`, their proposals hung under it. Anywhere else
+    they are asked as they are.
+    """
+
+    name = "held"
+
+    def __init__(self, inner: DraftSource, at: int, start: Sequence[int]):
+        self.inner, self.at, self.start = inner, at, tuple(int(t) for t in start)
+
+    def _due(self, context: Sequence[int]) -> bool:
+        return bool(self.start) and len(context) == self.at
+
+    def propose(self, context: Sequence[int]) -> list[Proposal]:
+        if not self._due(context):
+            return propose(self.inner, context)
+        k = len(self.start)
+        own = Proposal(self.name, 0, self.start, tuple(range(-1, k - 1)), (1.0,) * k)
+        below = propose(self.inner, [*context, *self.start])
+        return [own] + [dataclasses.replace(p, under=self.start + p.under) for p in below]
+
+    def continuations(self, context: Sequence[int]) -> list[Continuation]:
+        if not self._due(context):
+            return self.inner.continuations(context)
+        below = self.inner.continuations([*context, *self.start])
+        return [(self.start, 1.0)] + [(self.start + tuple(c), w) for c, w in below]
+
+    def observe_successors(self, token: int, ids: Sequence[int], probs: Sequence[float]) -> None:
+        if hasattr(self.inner, "observe_successors"):
+            self.inner.observe_successors(token, ids, probs)
+
+    @property
+    def wants_successors(self) -> bool:
+        return getattr(self.inner, "wants_successors", hasattr(self.inner, "observe_successors"))
+
+
 class DraftMix:
     """Several named sources in one tree. Each source's proposal keeps its own ratios: a big, distant corpus with
     thousands of matches cannot drown the few, more relevant matches of the current file, and the decoder learns
@@ -365,7 +411,7 @@ class DraftMix:
 
 
 # The names a user can leave out (the server's and the CLI's draft-source settings).
-SOURCE_NAMES = ("context", "suffix", "outputs", "workspace", "recycle")
+SOURCE_NAMES = ("context", "suffix", "outputs", "workspace", "recycle", "held")
 
 
 def rest_drafts(
@@ -374,9 +420,11 @@ def rest_drafts(
     outputs: OutputStore | None = None,
     recycle: SuccessorTable | None = None,
     exclude: Iterable[str] = (),
-) -> DraftMix:
+    held: tuple[int, Sequence[int]] | None = None,
+) -> DraftMix | KnownStart:
     """The drafts REST uses everywhere: the context itself, the text after the cursor, the model's recent outputs,
-    the workspace datastore, and the model's own habits as the fallback. Any can be absent or excluded by name."""
+    the workspace datastore, and the model's own habits as the fallback; with `held` (context length, tokens), the
+    start of the output that is known (KnownStart). Any can be absent or excluded by name."""
     skip = set(exclude)
     sources: list[tuple[str, DraftSource]] = [("context", ContextLookup())]
     if suffix:
@@ -387,4 +435,7 @@ def rest_drafts(
         sources.append(("workspace", DatastoreDrafts(workspace)))
     sources = [(n, s) for n, s in sources if n not in skip]
     fallback = [("recycle", recycle)] if recycle is not None and "recycle" not in skip else []
-    return DraftMix(sources, fallback)
+    mix = DraftMix(sources, fallback)
+    if held is None or not held[1] or "held" in skip:
+        return mix
+    return KnownStart(mix, *held)

@@ -98,6 +98,7 @@ class Prompt:
     fim: Fim | None
     held: str = ""  # whitespace before the cursor left out of the prompt (see `held_back`)
     start_line: int = 0  # the 0-based line of `before` where the prefix window starts: the next `keep_line`
+    held_ids: tuple[int, ...] = ()  # the tokens the model writes for `held` before the line's text (`held_tokens`)
 
 
 def held_back(before: str) -> str:
@@ -109,6 +110,21 @@ def held_back(before: str) -> str:
         return ""
     body = before.rstrip()
     return before[len(body):] if body else ""
+
+
+def held_tokens(hf_tokenizer: Any, held: str) -> tuple[int, ...]:
+    """The tokens that write `held` (held-back whitespace) when text follows it, up to that text: the run as the
+    model writes it after the prompt. A BPE that gives a word its leading space writes "\n" and eight spaces
+    before `if` as "\n" and seven spaces, then " if": the tokens that end inside `held`."""
+    if not held:
+        return ()
+    ids, offsets = _offsets(hf_tokenizer, held + "x")
+    out = []
+    for i, (_, end) in zip(ids, offsets):
+        if end > len(held) or end == 0:
+            break
+        out.append(i)
+    return tuple(out)
 
 
 def _offsets(hf_tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -212,7 +228,7 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
         bos = [hf_tokenizer.bos_token_id]
     if fim is None:
         prefix, prefix_ids, start = _prefix_window(hf_tokenizer, before, budget - len(bos), keep_line)
-        return Prompt(bos + prefix_ids, prefix, "", None, held, start)
+        return Prompt(bos + prefix_ids, prefix, "", None, held, start, held_tokens(hf_tokenizer, held))
     room = budget - len(bos) - 3  # the three FIM markers
     line, line_ids = _middle_so_far(hf_tokenizer, before, room // MIDDLE_SHARE) if split_line else ("", [])
     # the suffix's share does not depend on the middle's length, so that typing leaves the suffix as it is
@@ -220,7 +236,7 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
     prefix, prefix_ids, start = _prefix_window(hf_tokenizer, before[: len(before) - len(line)],
                                                room - len(suffix_ids) - len(line_ids), keep_line)
     ids = bos + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id] + line_ids
-    return Prompt(ids, prefix + line, suffix, fim, held, start)
+    return Prompt(ids, prefix + line, suffix, fim, held, start, held_tokens(hf_tokenizer, held))
 
 
 def _middle_so_far(hf_tokenizer: Any, before: str, budget: int) -> tuple[str, list[int]]:

@@ -74,7 +74,7 @@ def test_draft_exclude_setting():
 def test_stats_name_the_sources_in_use(tiny_models, tmp_path):
     svc = start(tiny_models["random"], tmp_path, draft_exclude=("workspace",))
     try:
-        assert svc.stats()["draft_sources"] == ["context", "suffix", "outputs", "recycle"]
+        assert svc.stats()["draft_sources"] == ["context", "suffix", "outputs", "recycle", "held"]
     finally:
         svc.close()
     plain = start(tiny_models["random"], tmp_path, draft_budget=0)
@@ -84,3 +84,38 @@ def test_stats_name_the_sources_in_use(tiny_models, tmp_path):
         assert c.steps == c.tokens  # plain decoding: one token a step
     finally:
         plain.close()
+
+
+def test_at_a_line_start_the_first_drafts_begin_with_the_held_back_indentation(tiny_models, tmp_path, monkeypatch):
+    """The prompt ends before an auto-indented line start's whitespace (the model writes it): the service hands the
+    decoder that start, so the first step drafts it and hangs the sources' drafts below it; exact all the same."""
+    from rest_lsp.prompt import held_tokens
+
+    made = []
+    real = CompletionService._draft_source
+
+    def spy(self, *args, **kwargs):
+        drafts = real(self, *args, **kwargs)
+        made.append((args[-1] if len(args) > 5 else kwargs.get("held"), drafts))
+        return drafts
+
+    monkeypatch.setattr(CompletionService, "_draft_source", spy)
+    svc = start(tiny_models["random"], tmp_path, max_lines=0)  # the whole greedy text, as the reference has it
+    try:
+        before, after = "def scale(values, factor):\n    out = []\n    for v in values:\n        ", "\n    return out\n"
+        truth = greedy(tiny_models["random"], before, after, 16)
+        c = svc.submit("mem://a.py", before + after, len(before)).future.result(120)
+        assert (c.text if c is not None else "") == truth
+        (at, start_ids), drafts = made[-1]
+        hf = svc._loaded.tokenizer.hf
+        assert start_ids == held_tokens(hf, "\n        ") and start_ids
+        prompt = hf("def scale(values, factor):\n    out = []\n    for v in values:", add_special_tokens=False)
+        assert at == len(prompt["input_ids"])
+        first = drafts.propose(prompt["input_ids"])
+        assert first[0].source == "held" and first[0].tokens == start_ids
+        assert all(p.under == start_ids for p in first[1:])
+        # mid-line there is nothing held back: the sources as they are
+        svc.submit("mem://b.py", BEFORE + AFTER, len(BEFORE)).future.result(120)
+        assert made[-1][0][1] == ()
+    finally:
+        svc.close()

@@ -8,6 +8,7 @@ from rest_lsp.drafts import (
     ContextLookup,
     DatastoreDrafts,
     DraftMix,
+    KnownStart,
     NgramDrafts,
     OutputStore,
     Proposal,
@@ -99,6 +100,37 @@ def test_rest_drafts_names_and_exclusions():
     assert mix.names == ["context", "suffix", "outputs", "workspace", "recycle"]
     mix = rest_drafts(ds, suffix=[1, 2], outputs=OutputStore(), recycle=SuccessorTable(), exclude=["suffix", "recycle"])
     assert mix.names == ["context", "outputs", "workspace"]
+    held = rest_drafts(ds, held=(5, (7,)))
+    assert isinstance(held, KnownStart) and held.inner.names == ["context", "workspace"]
+    assert isinstance(rest_drafts(ds, held=(5, (7,)), exclude=["held"]), DraftMix)
+    assert isinstance(rest_drafts(ds, held=(5, ())), DraftMix)  # nothing held back
+
+
+def test_a_known_start_is_drafted_and_the_sources_say_what_follows_it():
+    """Right after the prompt, the start the output is known to take comes first, as a chain of its own, and the
+    other sources are asked what follows the context and it: their drafts hang below it, and they vote on their
+    own nodes only. Anywhere else the sources are asked as they are."""
+    # the workspace has the line above followed by a break and text at this indentation (7 = the held-back run),
+    # and elsewhere followed by the rest of a longer line (8): without the known start, both compete
+    ds = NgramDrafts([[1, 2, 3, 7, 20, 21], [2, 3, 8, 9], [2, 3, 8, 9]], name="workspace")
+    mix = DraftMix([("workspace", ds)])
+    known = KnownStart(mix, at=3, start=(7,))
+    found = known.propose([5, 2, 3])
+    assert [(p.source, p.tokens, p.under) for p in found] == [("held", (7,), ()), ("workspace", (20, 21), (7,))]
+    assert found[1].match_length == 3  # 2 3 7: the known start is part of what the source matched
+    tree = build_tree(3, found, 8)
+    assert tree.tokens == [3, 7, 20, 21]
+    assert [k[0] for k, _ in tree.votes[1]] == ["held"] and [k[0] for k, _ in tree.votes[2]] == ["workspace"]
+    assert tree.depths == [0, 1, 2, 3]  # the source's nodes sit at their depth in the tree
+    plain = build_tree(3, propose(mix, [5, 2, 3]), 8)
+    assert 8 in plain.tokens  # what the known start rules out, the plain mix drafts
+    # one step later (the start was accepted) the sources are asked as they are
+    assert [p.tokens for p in known.propose([5, 2, 3, 7])] == [(20, 21)]
+    assert known.continuations([5, 2, 3]) == [((7,), 1.0), ((7, 20, 21), 1.0)]
+    assert known.continuations([2, 3]) == mix.continuations([2, 3])
+    table = SuccessorTable()
+    KnownStart(DraftMix([], fallback=[("recycle", table)]), 3, (7,)).observe_successors(3, [5], [0.9])
+    assert table.propose([3])[0].tokens == (5,)  # the model's habits still reach the sources that learn them
 
 
 def test_sources_that_agree_count_once_and_siblings_share_at_most_one():

@@ -8,7 +8,7 @@ import torch
 from rest_lsp.decoding import PACKED_CPU_STEP_COST, DecodeConfig, Decoder
 from rest_lsp.acceptance import PRIOR_SCALE, bucket
 from rest_lsp.datastore import Datastore
-from rest_lsp.drafts import ContextLookup, DraftMix, Proposal, NgramDrafts, NoDrafts, OutputStore, SuccessorTable, rest_drafts
+from rest_lsp.drafts import ContextLookup, DraftMix, KnownStart, Proposal, NgramDrafts, NoDrafts, OutputStore, SuccessorTable, rest_drafts
 
 N_NEW = 40
 
@@ -53,6 +53,11 @@ def draft_sources(prompt, truth, vocab, rnd):
         "suffix": NgramDrafts([truth[len(truth) // 2 :]], name="suffix"),
         "recycle": recycle,
         "all": rest_drafts(workspace, suffix=truth[10:], outputs=outputs, recycle=recycle),
+        # a known start of the output (held-back whitespace): right, with the drafts below it partly right; wrong
+        "held": rest_drafts(workspace, suffix=truth[10:], outputs=outputs, recycle=recycle,
+                            held=(len(prompt), truth[:2])),
+        "held-wrong": KnownStart(NgramDrafts([prompt + corrupted(truth, 4, vocab, rnd)]), len(prompt),
+                                 [(truth[0] + 1) % vocab]),
         "none": NoDrafts(),
     }
 
@@ -293,3 +298,31 @@ def test_default_model_with_every_source(default_model):
         assert result.tokens == truth
         outputs.add(prompt[-16:], result.tokens)
     assert len(recycle) > 0 and result.tokens_per_step > 2
+
+
+def test_default_model_with_a_known_start(default_model):
+    """A prompt that ends before a body's indentation (the server holds it back): drafting the run the model
+    writes there, with every source's drafts below it, stays exact, and the run is accepted in the first step."""
+    from rest_lsp.prompt import held_tokens
+
+    tok = default_model.tokenizer
+    prompt = tok.encode("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):")
+    truth = reference(default_model, prompt, 16)
+    start = held_tokens(tok.hf, "\n    ")
+    assert truth[: len(start)] == list(start)
+    workspace = Datastore()
+    workspace.put("ops.py", tok.encode("def div(a, b):\n    return a / b\n"))
+    decoder = Decoder(default_model)
+    drafts = rest_drafts(workspace, outputs=OutputStore(), recycle=SuccessorTable(), held=(len(prompt), start))
+    steps = []  # the tokens each step took
+    real = decoder.accept
+
+    def accept(*args):
+        out = real(*args)
+        steps.append(out[0])
+        return out
+
+    decoder.accept = accept
+    result = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=16, budget=16))
+    assert result.tokens == truth
+    assert steps[0][: len(start)] == list(start) and len(steps[0]) > len(start)

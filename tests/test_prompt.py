@@ -5,7 +5,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest_server import tiny_models  # noqa: F401  (fixture)
-from rest_lsp.prompt import FILL, LINE_GRID, build_prompt, detect_fim
+from rest_lsp.prompt import FILL, LINE_GRID, build_prompt, detect_fim, held_tokens
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,21 @@ def test_whitespace_before_the_cursor_is_held_back(hf):
     # text before the cursor on its line, column 0, or only whitespace: nothing held back
     for before in ("def f(x):\n    return ", "x = 1\n", "    ", "\n  "):
         p = build_prompt(hf, before, "", budget=256, fim=None)
-        assert (p.prefix, p.held) == (before, "")
+        assert (p.prefix, p.held, p.held_ids) == (before, "", ())
+
+
+@pytest.mark.parametrize("held", ["\n    ", "\n        ", "\n\n    ", "\n\t\t"])
+def test_the_held_back_whitespace_comes_as_the_tokens_the_model_writes_before_the_text(hf, held):
+    """The tokens of the held-back run as they come before a line's text, which may take the run's last space:
+    the start of every useful completion there (a draft source proposes it)."""
+    p = build_prompt(hf, "def f(x):" + held, "\n", budget=256, fim=None)
+    assert p.held == held and p.held_ids == held_tokens(hf, held) and p.held_ids
+    for text in ("return x", "if x:", "# note", '"""Doc."""'):
+        whole = hf("def f(x):" + held + text, add_special_tokens=False)["input_ids"]
+        assert whole[: len(p.ids) + len(p.held_ids)] == p.ids + list(p.held_ids)
+        written = hf.decode(whole[len(p.ids) + len(p.held_ids):])
+        assert held.startswith(hf.decode(list(p.held_ids))) and (hf.decode(list(p.held_ids)) + written).endswith(text)
+    assert held_tokens(hf, "") == ()
 
 
 def test_long_prefix_fits_budget_and_starts_on_a_grid_line(hf):
