@@ -412,16 +412,16 @@ class CompletionService:
         wanted = self._prefetch.take_wanted()
         return Job(*wanted, speculative=True) if wanted is not None else None
 
-    def _guess_job(self, expected: Expected) -> Job | None:
+    def _guess_job(self, expected: Expected, at_once: bool = False) -> Job | None:
         """The suggestion for the place of the last change, computed before it is asked for (under the lock),
-        unless one is ready for that place already."""
+        unless one is ready for that place already; `at_once`: the warm-up left it the edit's tokens (`_warm`)."""
         if not self._ready.is_set() or self._closed or not self.settings.prefetch:
             return None
         if self._prefetch.has(expected.doc_id, expected.before, expected.after):
             return None
         if self._cache.match(expected.before, expected.after) is not None:
             return None
-        return Job(expected.doc_id, expected.before, expected.after, guess=True)
+        return Job(expected.doc_id, expected.before, expected.after, guess=True, at_once=at_once)
 
     def _count_cancelled(self) -> None:
         with self._lock:
@@ -455,20 +455,30 @@ class CompletionService:
 
         return make
 
-    def _warm(self, expected: Expected, wanted) -> None:
+    def _warm(self, expected: Expected, wanted) -> bool:
         """Idle work on the decoding thread: prefill what a request at `expected` would, in PREWARM_CHUNK pieces,
-        stopping as soon as `wanted()` says a request waits. Changes no answer: the cache holds the prompt's KV."""
+        stopping as soon as `wanted()` says a request waits. Changes no answer: the cache holds the prompt's KV.
+
+        True when it left a short uncached tail (what an edit added) to the guess that follows, whose first pass
+        computes it with the drafts on top (one pass instead of two): when the debounce left is no longer than
+        any pass takes here, the guess can start at once (`Job.at_once`), its first pass covering the debounce
+        as the warm-up's own pass would have."""
         with self._lock:
             model, s = self._model, self.settings
             if model is None or self._closed:
-                return
+                return False
         # generate prefills all but one
         ids = self._prompt(model, s, expected.doc_id, expected.before, expected.after).ids[:-1]
         if not ids or wanted():
-            return
+            return False
         model.documents.use(model.decoder, expected.doc_id, s.document_cache_mb << 20)
         if model.decoder.holds(ids):  # the last request's prompt, its output after it: keep that too
-            return
+            return False
+        from rest_lsp.decoding import CHAIN_TAIL
+
+        shortest = model.decoder.shortest_pass_s()
+        leave = CHAIN_TAIL if (expected.edited and s.prefetch and shortest is not None
+                               and self._debounce_left_s() <= shortest) else 0
 
         def stop() -> bool:
             if wanted():
@@ -477,9 +487,10 @@ class CompletionService:
                 self._prewarm_chunks += 1
             return False
 
-        computed = model.decoder.prefill(ids, stop=stop, chunk=PREWARM_CHUNK)
+        computed = model.decoder.prefill(ids, stop=stop, chunk=PREWARM_CHUNK, leave=leave)
         with self._lock:
             self._prewarm_tokens += computed
+        return bool(leave) and not model.decoder.holds(ids) and not wanted()
 
     def _complete(self, job: Job) -> Completion | None:
         from rest_lsp.decoding import DecodeConfig

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -196,6 +197,7 @@ PREFILL_CHUNK = 256
 # prompt) is computed in the first verification step's pass instead of a prefill pass of its own: one pass less
 # per request, and a multi-row pass costs far less than two (lean engine).
 CHAIN_TAIL = 64
+PASSES_KEPT = 32  # decoding passes whose times say how long the shortest takes on this machine now
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,7 @@ class Decoder:
                           else PACKED_CPU_STEP_COST if self.engine == "lean-onednn"
                           else FP16_CPU_STEP_COST if self.engine == "lean-fp16" else CPU_STEP_COST)
         self.calibration: Calibration | None = None
+        self._pass_s: deque[float] = deque(maxlen=PASSES_KEPT)  # the last decoding passes' times (seconds)
         # What sources claim is not how often the model agrees: learned per (source, match length, depth) from
         # every walk, for as long as the decoder lives (and longer, when its owner saves it).
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
@@ -301,6 +304,10 @@ class Decoder:
         except (TypeError, AttributeError):
             return None, None
         return (body, head) if same else (None, None)
+
+    def shortest_pass_s(self) -> float | None:
+        """The shortest of the last decoding passes (seconds): what any pass takes at least; None before the first."""
+        return min(self._pass_s) if self._pass_s else None
 
     def calibrate(self, cache_dir: Path | None = None, force: bool = False,
                   should_stop: Callable[[], bool] | None = None, measure: bool = True,
@@ -700,7 +707,9 @@ class Decoder:
             draft_s += time.perf_counter() - t_draft
             self._match_rope(seq)
             base = self._cache_length()
+            t_pass = time.perf_counter()
             logits_at = _memo(self.verify(tree, chain))
+            self._pass_s.append(time.perf_counter() - t_pass)
             computed += len(chain)
             steps += 1
             accepted, path = self.accept(tree, logits_at, config, gen)

@@ -17,7 +17,9 @@ the place the next request will most likely come from (`expect`: an edit, a requ
 moved there, `moved`), asking between small chunks whether a
 request came in, and giving way to it at once; once warm, it computes the suggestion for that place too (`guess`:
 a person who stops typing asks there next). A guess waits what is left of the debounce since the change (the
-warm-up overlaps it), and any change to its document or any request elsewhere stops it; a request for the
+warm-up overlaps it), unless the warm-up left it the edit's tokens (`warm` returned True: one pass computes them
+and the first drafts, and lasts longer than the debounce left); any change to its document or any request
+elsewhere stops it; a request for the
 identical text and cursor shares it.
 """
 
@@ -49,10 +51,13 @@ class Completion:
 class Job:
     """One computation, shared by every request for the same text and cursor (each holds its own future)."""
 
-    def __init__(self, doc_id: str, before: str, after: str, speculative: bool = False, guess: bool = False):
+    def __init__(self, doc_id: str, before: str, after: str, speculative: bool = False, guess: bool = False,
+                 at_once: bool = False):
         self.doc_id, self.before, self.after = doc_id, before, after
         self.speculative = speculative or guess  # computed ahead, for no requester yet (a prefetch)
         self.guess = guess  # at the place of the last change: a further change makes it worthless
+        # no debounce: its first pass computes what the warm-up left and lasts longer than the debounce left
+        self.at_once = at_once
         self.parked = False  # a speculative result put aside for a later request: no longer shared
         self.submitted = time.perf_counter()
         self.asked_at: float | None = None  # when the first requester began waiting for it
@@ -139,9 +144,9 @@ class RequestQueue:
     def __init__(self, lock: threading.RLock, run: Callable[[Job], Completion | None],
                  debounce_s: Callable[[], float], on_cancelled: Callable[[], None],
                  on_error: Callable[[Exception], None],
-                 warm: Callable[[Expected, Callable[[], bool]], None] | None = None,
+                 warm: Callable[[Expected, Callable[[], bool]], bool | None] | None = None,
                  idle: Callable[[], Job | None] | None = None,
-                 guess: Callable[[Expected], Job | None] | None = None):
+                 guess: Callable[[Expected, bool], Job | None] | None = None):
         self._cond = threading.Condition(lock)
         self._speculate = idle  # speculative work for an idle thread (called under the lock)
         self._run, self._debounce_s = run, debounce_s
@@ -273,7 +278,7 @@ class RequestQueue:
                 # still typing makes a guess worthless, and a change right after an answer (writing on instead of
                 # accepting) the prefetch of accepting it, whose first step, once begun, would hold the decoder
                 # from the work at the new place until it ends
-                debounce = self._debounce_s()
+                debounce = 0.0 if job.at_once else self._debounce_s()
                 if not job.cancelled() and not job.cancel_event.wait(debounce):
                     result = self._run(job)
                 elif not job.speculative:
@@ -289,7 +294,7 @@ class RequestQueue:
 
     def _idle(self, expected: Expected) -> None:
         try:
-            self._warm(expected, self.wanted)
+            left = bool(self._warm(expected, self.wanted))  # True: it left the edit's tokens to the guess
         except Exception:  # a warm-up that failed costs only its time: the request computes what it needs
             log.exception("warming the cache failed")
             return
@@ -299,7 +304,7 @@ class RequestQueue:
             if self._queue or self._closed or self._expected is not None:
                 return  # a request, or a newer place to warm, goes first
             try:
-                job = self._guess(expected)
+                job = self._guess(expected, left)
             except Exception:
                 log.exception("guessing the next request failed")
                 return

@@ -629,3 +629,34 @@ def test_the_prefetch_places_are_after_the_accepted_text_and_on_the_next_line():
     assert prefetch.take_wanted() is None
     prefetch.want("d", "y = f(", ")\n", "1, 2")  # mid-line: only the end of the accepted text
     assert prefetch.take_wanted() == ("d", "y = f(1, 2", ")\n") and prefetch.take_wanted() is None
+
+
+@pytest.mark.parametrize("debounce_ms", [0, 1500], ids=["nothing-left-to-cover", "a-long-debounce"])
+def test_an_edits_tokens_ride_the_first_pass_of_its_guess_unless_a_debounce_is_left(tiny_models, generate_calls,
+                                                                                     debounce_ms):
+    """After an edit the warm-up leaves the few tokens it added to the guess, whose first pass computes them with
+    the first drafts on top (one pass instead of two) and starts at once, when what is left of the debounce is
+    shorter than any pass takes here: the pass covers it, as the warm-up's own pass did. With a longer debounce
+    left, the warm-up computes them and the guess waits. The suggestion is the same either way."""
+    model = tiny_models["random"]
+    svc = _service(model, suggestion_cache_size=0, debounce_ms=debounce_ms, debounce_max_ms=debounce_ms)
+    try:
+        doc, before = "mem://e.py", PREAMBLE + BEFORE
+        assert _submit(svc, doc, before, AFTER) is not None  # the decoder has timed its passes
+        wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch after the answer")
+        warmed = svc.stats()["prewarm_tokens"]
+        edited = before + "1, 2"
+        svc.cancel(doc)  # what the server does at a change (the typing pace counts from it), then where it was
+        svc.expect(doc, edited + AFTER, len(edited))
+        wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the guess at the edit")
+        guess = generate_calls[-1]
+        added = svc.stats()["prewarm_tokens"] - warmed
+        if debounce_ms == 0:
+            assert added == 0 and guess.prefill_tokens > 0  # the guess's first pass computed the edit
+        else:
+            assert added > 0 and guess.prefill_tokens == 0  # the warm-up did, the guess waited
+        hit = svc.submit(doc, edited + AFTER, len(edited)).future
+        assert hit.done() and hit.result().source == "prefetch"
+        assert hit.result().text == greedy(model, edited, AFTER, MAX_NEW)
+    finally:
+        svc.close()
