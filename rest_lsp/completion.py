@@ -462,7 +462,7 @@ class CompletionService:
         True when it left a short uncached tail (what an edit added) to the guess that follows, whose first pass
         computes it with the drafts on top (one pass instead of two): when the debounce left is no longer than
         any pass takes here, the guess can start at once (`Job.at_once`), its first pass covering the debounce
-        as the warm-up's own pass would have."""
+        as the warm-up's own pass would have. Only where the decoder chains a tail under a tree (`chain_tail`)."""
         with self._lock:
             model, s = self._model, self.settings
             if model is None or self._closed:
@@ -474,11 +474,9 @@ class CompletionService:
         model.documents.use(model.decoder, expected.doc_id, s.document_cache_mb << 20)
         if model.decoder.holds(ids):  # the last request's prompt, its output after it: keep that too
             return False
-        from rest_lsp.decoding import CHAIN_TAIL
-
         shortest = model.decoder.shortest_pass_s()
-        leave = CHAIN_TAIL if (expected.edited and s.prefetch and shortest is not None
-                               and self._debounce_left_s() <= shortest) else 0
+        leave = model.decoder.chain_tail if (expected.edited and s.prefetch and shortest is not None
+                                             and self._debounce_left_s() <= shortest) else 0
 
         def stop() -> bool:
             if wanted():

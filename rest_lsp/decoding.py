@@ -305,8 +305,14 @@ class Decoder:
             return None, None
         return (body, head) if same else (None, None)
 
+    @property
+    def chain_tail(self) -> int:
+        """The longest uncached prompt tail a step's pass computes under its tree (only the lean engine chains)."""
+        return CHAIN_TAIL if self.lean is not None else 0
+
     def shortest_pass_s(self) -> float | None:
-        """The shortest of the last decoding passes (seconds): what any pass takes at least; None before the first."""
+        """The shortest of the last decoding passes, head and walk included (seconds): what any pass takes at least;
+        None before the first."""
         return min(self._pass_s) if self._pass_s else None
 
     def calibrate(self, cache_dir: Path | None = None, force: bool = False,
@@ -460,13 +466,14 @@ class Decoder:
     def _usable(self, proposals: list[Proposal], seq_length: int) -> list[Proposal]:
         """Proposals without any node holding an id outside the vocabulary (a datastore of another tokenizer) and,
         for long RoPE, without nodes at or past the position where the rotation switches (one pass cannot hold
-        both rotations); a dropped node takes its descendants with it."""
+        both rotations); a dropped node takes its descendants with it, a dropped `under` token the whole proposal."""
         depth_limit = None
         if self.rope_switch is not None and not self._long_rope(seq_length - 1):
             depth_limit = self.rope_switch - seq_length
         out = []
         for prop in proposals:
-            if depth_limit is None and all(0 <= t < self.vocab_size for t in prop.tokens + prop.under):
+            if (depth_limit is None and all(0 <= t < self.vocab_size for t in prop.tokens)
+                    and all(0 <= t < self.vocab_size for t in prop.under)):
                 out.append(prop)
                 continue
             if not all(0 <= t < self.vocab_size for t in prop.under) or (
@@ -682,7 +689,7 @@ class Decoder:
             gen = torch.Generator(device=self.device).manual_seed(config.seed)
 
         t0 = time.perf_counter()
-        leave = CHAIN_TAIL if self.lean is not None else 0  # only the lean engine runs a chain under a tree
+        leave = self.chain_tail
         computed = self.prefill(prompt[:-1], stop=cancelled, leave=leave)
         chain = list(prompt[len(self._cached) : -1])  # computed in the first step's pass
         sync_device(self.device)
@@ -709,10 +716,10 @@ class Decoder:
             base = self._cache_length()
             t_pass = time.perf_counter()
             logits_at = _memo(self.verify(tree, chain))
-            self._pass_s.append(time.perf_counter() - t_pass)
             computed += len(chain)
             steps += 1
             accepted, path = self.accept(tree, logits_at, config, gen)
+            self._pass_s.append(time.perf_counter() - t_pass)  # the walk read the logits: the device is done
             self._observe(tree, path, accepted)
             if recycle:
                 self._recycle(drafts, tree, path, logits_at)

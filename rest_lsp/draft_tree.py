@@ -86,7 +86,8 @@ def build_tree(
         where = [0] * len(prop)  # proposal index -> trie node
         for i, (t, parent, ratio) in enumerate(zip(prop.tokens, prop.parents, prop.ratios)):
             node = node_under(base if parent < 0 else where[parent], t)
-            key = bucket(prop.source, prop.match_length, depth[node])
+            # learned by the node's depth in the source's own continuation, wherever the tree hangs it
+            key = bucket(prop.source, prop.match_length, depth[node] - len(prop.under))
             votes[node].append((key, ratio))
             where[i] = node
 

@@ -18,9 +18,8 @@ moved there, `moved`), asking between small chunks whether a
 request came in, and giving way to it at once; once warm, it computes the suggestion for that place too (`guess`:
 a person who stops typing asks there next). A guess waits what is left of the debounce since the change (the
 warm-up overlaps it), unless the warm-up left it the edit's tokens (`warm` returned True: one pass computes them
-and the first drafts, and lasts longer than the debounce left); any change to its document or any request
-elsewhere stops it; a request for the
-identical text and cursor shares it.
+and the first drafts, and lasts at least as long as the debounce left); any change to its document, an edit
+elsewhere in it, or any request elsewhere stops it; a request for the identical text and cursor shares it.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ class Job:
         self.doc_id, self.before, self.after = doc_id, before, after
         self.speculative = speculative or guess  # computed ahead, for no requester yet (a prefetch)
         self.guess = guess  # at the place of the last change: a further change makes it worthless
-        # no debounce: its first pass computes what the warm-up left and lasts longer than the debounce left
+        # no debounce: its first pass computes what the warm-up left and lasts at least as long as the debounce left
         self.at_once = at_once
         self.parked = False  # a speculative result put aside for a later request: no longer shared
         self.submitted = time.perf_counter()
@@ -187,6 +186,10 @@ class RequestQueue:
             for job in (*self._queue, self._running):
                 if (job is not None and job.speculative and not job.guess and job.doc_id == doc_id
                         and not leads_to(before, after, job.before, job.after)):
+                    job.cancel_event.set()
+                # a guess at another place of the document, made for its text before this edit
+                if (edited and job is not None and job.guess and job.doc_id == doc_id
+                        and not job.is_for(doc_id, before, after) and not job.has_waiters()):
                     job.cancel_event.set()
             self._last = (doc_id, before, after)
             if self._warm is None:

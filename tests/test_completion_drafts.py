@@ -102,18 +102,21 @@ def test_at_a_line_start_the_first_drafts_begin_with_the_held_back_indentation(t
     monkeypatch.setattr(CompletionService, "_draft_source", spy)
     svc = start(tiny_models["random"], tmp_path, max_lines=0)  # the whole greedy text, as the reference has it
     try:
-        before, after = "def scale(values, factor):\n    out = []\n    for v in values:\n        ", "\n    return out\n"
+        # the line above ends a loop header, as one does earlier in the prompt: the context says what follows
+        head = "def scale(values, factor):\n    out = []\n    for v in values:\n        out.append(v)\n    for v in values:"
+        before, after = head + "\n        ", "\n    return out\n"
         truth = greedy(tiny_models["random"], before, after, 16)
         c = svc.submit("mem://a.py", before + after, len(before)).future.result(120)
         assert (c.text if c is not None else "") == truth
         (at, start_ids), drafts = made[-1]
         hf = svc._loaded.tokenizer.hf
         assert start_ids == held_tokens(hf, "\n        ") and start_ids
-        prompt = hf("def scale(values, factor):\n    out = []\n    for v in values:", add_special_tokens=False)
+        prompt = hf(head, add_special_tokens=False)
         assert at == len(prompt["input_ids"])
         first = drafts.propose(prompt["input_ids"])
         assert first[0].source == "held" and first[0].tokens == start_ids
-        assert all(p.under == start_ids for p in first[1:])
+        assert len(first) > 1 and all(p.under == start_ids for p in first[1:])
+        assert any(p.source == "context" and p.match_length > len(start_ids) for p in first[1:])
         # mid-line there is nothing held back: the sources as they are
         svc.submit("mem://b.py", BEFORE + AFTER, len(BEFORE)).future.result(120)
         assert made[-1][0][1] == ()

@@ -1,6 +1,7 @@
 import pytest
 """Each draft source on its own: what it proposes, with which ratios and match lengths, and its bounds."""
 
+from rest_lsp.acceptance import bucket
 from rest_lsp.datastore import Datastore
 from rest_lsp.draft_tree import build_tree
 from rest_lsp.drafts import (
@@ -121,7 +122,8 @@ def test_a_known_start_is_drafted_and_the_sources_say_what_follows_it():
     tree = build_tree(3, found, 8)
     assert tree.tokens == [3, 7, 20, 21]
     assert [k[0] for k, _ in tree.votes[1]] == ["held"] and [k[0] for k, _ in tree.votes[2]] == ["workspace"]
-    assert tree.depths == [0, 1, 2, 3]  # the source's nodes sit at their depth in the tree
+    assert tree.depths == [0, 1, 2, 3]  # the source's nodes sit at their depth in the tree,
+    assert tree.votes[2][0][0] == bucket("workspace", 3, 1)  # and are learned at their depth in its continuation
     plain = build_tree(3, propose(mix, [5, 2, 3]), 8)
     assert 8 in plain.tokens  # what the known start rules out, the plain mix drafts
     # one step later (the start was accepted) the sources are asked as they are
