@@ -58,12 +58,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.lsp_client import ServerSession, position_of, server_command, utf16_len  # noqa: E402
+from rest_lsp.drafts import SOURCE_NAMES  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 DEFAULT_CORPORA = (STDLIB / "json", STDLIB / "email", REPO / "rest_lsp")
 CONFIGS = {"rest": (), "plain": ("--draft-budget", "0")}  # name -> server CLI flags
-# Ablations: REST with one draft source left out (rest_lsp.drafts.SOURCE_NAMES)
-for _source in ("context", "suffix", "outputs", "workspace", "recycle", "held"):
+# Ablations: REST with one draft source left out
+for _source in SOURCE_NAMES:
     CONFIGS[f"rest-no-{_source}"] = ("--draft-exclude", _source)
 MODES = ("line", "typed")
 # Cumulative counters the stats would need for exact per-request deltas (not in the server's stats yet: without

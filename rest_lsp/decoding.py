@@ -472,12 +472,11 @@ class Decoder:
             depth_limit = self.rope_switch - seq_length
         out = []
         for prop in proposals:
-            if (depth_limit is None and all(0 <= t < self.vocab_size for t in prop.tokens)
-                    and all(0 <= t < self.vocab_size for t in prop.under)):
-                out.append(prop)
-                continue
             if not all(0 <= t < self.vocab_size for t in prop.under) or (
                     depth_limit is not None and len(prop.under) >= depth_limit):
+                continue
+            if depth_limit is None and all(0 <= t < self.vocab_size for t in prop.tokens):
+                out.append(prop)
                 continue
             where: list[int] = []  # old index -> new index, -2 when dropped
             depth: list[int] = []

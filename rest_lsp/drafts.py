@@ -330,11 +330,11 @@ class KnownStart:
 
     A prompt can end before text that is already written: the whitespace before the cursor that the prompt holds
     back (prompt.held_back: an auto-indented line start, which the model writes itself, the line break and the
-    indentation in one or a few tokens). The model almost always writes it, and every continuation that does not begin with it is wasted: the
-    sources, asked what follows the prompt, propose the rest of the line above as often as a line break, and line
-    breaks at other indentations. So right after the prompt `start` is proposed as a chain (source "held"), and the
-    other sources are asked what follows the context *and* `start`, their proposals hung under it. Anywhere else
-    they are asked as they are.
+    indentation in one or a few tokens). The model almost always writes it, and every continuation that does not
+    begin with it is wasted: the sources, asked what follows the prompt, propose the rest of the line above as often
+    as a line break, and line breaks at other indentations. So right after the prompt `start` is proposed as a
+    chain (source "held"), and the other sources are asked what follows the context *and* `start`, their proposals
+    hung under it. Anywhere else they are asked as they are.
     """
 
     name = "held"

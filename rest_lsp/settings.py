@@ -168,8 +168,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-lines", type=int, help="most lines per suggestion at a line start or block opener; "
                    "0 = as many as the time budgets allow (default: 1)")
     g.add_argument("--draft-budget", type=int, help="draft-tree nodes per step; 0 disables REST (default: 16)")
-    g.add_argument("--draft-exclude", help="comma-separated draft sources to leave out: context, suffix, outputs, "
-                   "workspace, recycle (default: none)")
+    from rest_lsp.drafts import SOURCE_NAMES  # numpy only, as the settings' own check imports it
+
+    g.add_argument("--draft-exclude", help=f"comma-separated draft sources to leave out: {', '.join(SOURCE_NAMES)} "
+                   "(default: none)")
     g.add_argument("--context-tokens", type=int, help="prompt budget in tokens (default: 1024)")
     g.add_argument("--suffix-fraction", type=float, help="share of the budget for the suffix, FIM only (default: 0.25)")
     g.add_argument("--debounce-ms", type=int, help="wait before decoding (default: 20)")

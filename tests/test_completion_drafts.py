@@ -103,7 +103,8 @@ def test_at_a_line_start_the_first_drafts_begin_with_the_held_back_indentation(t
     svc = start(tiny_models["random"], tmp_path, max_lines=0)  # the whole greedy text, as the reference has it
     try:
         # the line above ends a loop header, as one does earlier in the prompt: the context says what follows
-        head = "def scale(values, factor):\n    out = []\n    for v in values:\n        out.append(v)\n    for v in values:"
+        head = ("def scale(values, factor):\n    out = []\n    for v in values:\n        out.append(v)\n"
+                "    for v in values:")
         before, after = head + "\n        ", "\n    return out\n"
         truth = greedy(tiny_models["random"], before, after, 16)
         c = svc.submit("mem://a.py", before + after, len(before)).future.result(120)

@@ -8,7 +8,8 @@ import torch
 from rest_lsp.decoding import PACKED_CPU_STEP_COST, DecodeConfig, Decoder
 from rest_lsp.acceptance import PRIOR_SCALE, bucket
 from rest_lsp.datastore import Datastore
-from rest_lsp.drafts import ContextLookup, DraftMix, KnownStart, Proposal, NgramDrafts, NoDrafts, OutputStore, SuccessorTable, rest_drafts
+from rest_lsp.drafts import (ContextLookup, DraftMix, KnownStart, NgramDrafts, NoDrafts, OutputStore, Proposal,
+                             SuccessorTable, rest_drafts)
 
 N_NEW = 40
 
