@@ -13,7 +13,7 @@ import dataclasses
 import heapq
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -89,6 +89,22 @@ class Proposal:
             for t, c in trie[node].items():
                 heapq.heappush(frontier, (-weight[c] / weight[0], c, t, node, index))
         return cls(source, match_length, tuple(out_tokens), tuple(out_parents), tuple(out_ratios))
+
+    def kept(self, keep: Sequence[bool]) -> "Proposal":
+        """The nodes that `keep` marks, less the descendants of any it drops (indices renumbered)."""
+        if all(keep):
+            return self
+        where: list[int] = []  # old index -> new index, -1 when dropped
+        tokens, parents, ratios = [], [], []
+        for t, parent, ratio, wanted in zip(self.tokens, self.parents, self.ratios, keep):
+            if not wanted or (parent >= 0 and where[parent] < 0):
+                where.append(-1)
+                continue
+            where.append(len(tokens))
+            tokens.append(t)
+            parents.append(-1 if parent < 0 else where[parent])
+            ratios.append(ratio)
+        return dataclasses.replace(self, tokens=tuple(tokens), parents=tuple(parents), ratios=tuple(ratios))
 
 
 class DraftSource(Protocol):
@@ -368,6 +384,96 @@ class KnownStart:
         return getattr(self.inner, "wants_successors", hasattr(self.inner, "observe_successors"))
 
 
+class TokenLines:
+    """What a token's text does to lines: (it holds a line break, text comes before that break, it holds any text),
+    from the tokenizer's decoding of the token alone, memoised per id (a session meets a few thousand ids)."""
+
+    def __init__(self, decode_one: Callable[[int], str]):
+        self._decode_one = decode_one
+        self._flags: dict[int, tuple[bool, bool, bool]] = {}
+
+    def of(self, token: int) -> tuple[bool, bool, bool]:
+        flags = self._flags.get(token)
+        if flags is None:
+            text = self._decode_one(token)
+            head, brk, _ = text.partition("\n")
+            flags = self._flags[token] = (bool(brk), bool(brk) and bool(head.strip()), bool(text.strip()))
+        return flags
+
+
+class FirstLine:
+    """Drafts for an output that ends at its first line break after text (a one-line suggestion; the output
+    begins after the first `at` context tokens).
+
+    Nothing below such a break is ever shown: decoding stops there. Yet the sources, continuing text they have
+    seen, hang the next line below it, and those nodes took a sixth of the draft rows of the replay's one-line
+    suggestions. Each proposal is cut below the node that ends the output, which stays (it is the output's last
+    token); the rows go to likelier nodes, or are not paid for.
+    """
+
+    def __init__(self, inner: DraftSource, at: int, lines: TokenLines):
+        self.inner, self.at, self.lines = inner, at, lines
+
+    def _written(self, context: Sequence[int]) -> bool | None:
+        """Whether the output so far holds text; None once it has ended."""
+        text = False
+        for t in context[self.at:]:
+            brk, before, anything = self.lines.of(t)
+            if brk and (text or before):
+                return None
+            text = text or anything
+        return text
+
+    def propose(self, context: Sequence[int]) -> list[Proposal]:
+        found = propose(self.inner, context)
+        written = self._written(context)
+        if written is None:
+            return found
+        return [cut for p in found if (cut := self._cut(p, written)) is not None and len(cut)]
+
+    def _cut(self, prop: Proposal, written: bool) -> Proposal | None:
+        for t in prop.under:
+            brk, before, anything = self.lines.of(t)
+            if brk and (written or before):
+                return None  # the proposal hangs below the end
+            written = written or anything
+        text: list[bool] = []  # per node: the output holds text once it is accepted
+        ends: list[bool] = []
+        keep: list[bool] = []
+        for t, parent in zip(prop.tokens, prop.parents):
+            brk, before, anything = self.lines.of(t)
+            up = written if parent < 0 else text[parent]
+            keep.append(parent < 0 or not ends[parent])
+            ends.append(brk and (up or before))
+            text.append(up or anything)
+        return prop.kept(keep)
+
+    def continuations(self, context: Sequence[int]) -> list[Continuation]:
+        found = self.inner.continuations(context)
+        written = self._written(context)
+        if written is None:
+            return found
+        out = []
+        for tokens, w in found:
+            text = written
+            for i, t in enumerate(tokens):
+                brk, before, anything = self.lines.of(t)
+                if brk and (text or before):
+                    tokens = tokens[: i + 1]
+                    break
+                text = text or anything
+            out.append((tuple(tokens), w))
+        return out
+
+    def observe_successors(self, token: int, ids: Sequence[int], probs: Sequence[float]) -> None:
+        if hasattr(self.inner, "observe_successors"):
+            self.inner.observe_successors(token, ids, probs)
+
+    @property
+    def wants_successors(self) -> bool:
+        return getattr(self.inner, "wants_successors", hasattr(self.inner, "observe_successors"))
+
+
 class DraftMix:
     """Several named sources in one tree. Each source's proposal keeps its own ratios: a big, distant corpus with
     thousands of matches cannot drown the few, more relevant matches of the current file, and the decoder learns
@@ -421,10 +527,13 @@ def rest_drafts(
     recycle: SuccessorTable | None = None,
     exclude: Iterable[str] = (),
     held: tuple[int, Sequence[int]] | None = None,
-) -> DraftMix | KnownStart:
+    first_line: tuple[int, TokenLines] | None = None,
+) -> DraftMix | KnownStart | FirstLine:
     """The drafts REST uses everywhere: the context itself, the text after the cursor, the model's recent outputs,
     the workspace datastore, and the model's own habits as the fallback; with `held` (context length, tokens), the
-    start of the output that is known (KnownStart). Any can be absent or excluded by name."""
+    start of the output that is known (KnownStart); with `first_line` (context length, the tokens' lines), an
+    output that ends at its first line break after text (FirstLine). Any source can be absent or excluded by
+    name."""
     skip = set(exclude)
     sources: list[tuple[str, DraftSource]] = [("context", ContextLookup())]
     if suffix:
@@ -435,7 +544,7 @@ def rest_drafts(
         sources.append(("workspace", DatastoreDrafts(workspace)))
     sources = [(n, s) for n, s in sources if n not in skip]
     fallback = [("recycle", recycle)] if recycle is not None and "recycle" not in skip else []
-    mix = DraftMix(sources, fallback)
-    if held is None or not held[1] or "held" in skip:
-        return mix
-    return KnownStart(mix, *held)
+    drafts: DraftMix | KnownStart = DraftMix(sources, fallback)
+    if held is not None and held[1] and "held" not in skip:
+        drafts = KnownStart(drafts, *held)
+    return drafts if first_line is None else FirstLine(drafts, *first_line)

@@ -36,6 +36,8 @@ class ServingModel:
     acceptance_file: tuple[Path, str]
     # the KV caches of recently used documents besides the decoder's own (document_caches.DocumentCaches)
     documents: object
+    # what each token's text does to lines (drafts.TokenLines): where a one-line suggestion's drafts end
+    lines: object
 
     def save_acceptance(self) -> None:
         """Save the decoder's learned acceptance table; a failure costs only what was learned."""
@@ -59,7 +61,7 @@ def load_serving_model(settings: Settings) -> ServingModel:
     from rest_lsp.acceptance import AcceptanceModel, table_location
     from rest_lsp.decoding import Decoder
     from rest_lsp.document_caches import DocumentCaches
-    from rest_lsp.drafts import OutputStore, SuccessorTable
+    from rest_lsp.drafts import OutputStore, SuccessorTable, TokenLines
     from rest_lsp.model import Tokenizer, cache_root, load_model
 
     loaded = load_model(settings.model, settings.device, settings.dtype)
@@ -75,8 +77,9 @@ def load_serving_model(settings: Settings) -> ServingModel:
     special = {i for i, t in getattr(hf, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
     fim_markers = {fim.prefix_id, fim.suffix_id, fim.middle_id} if fim else set()
     stop_ids = frozenset((special - fim_markers) | loaded.eos_token_ids | (fim.stop_ids if fim else set()))
+    tokenizer = loaded.tokenizer
     return ServingModel(loaded, decoder, background, fim, stop_ids, OutputStore(), SuccessorTable(), table,
-                        DocumentCaches())
+                        DocumentCaches(), TokenLines(lambda t: tokenizer.decode([t])))
 
 
 def fits(settings: Settings, context: int) -> bool:

@@ -96,7 +96,7 @@ def test_at_a_line_start_the_first_drafts_begin_with_the_held_back_indentation(t
 
     def spy(self, *args, **kwargs):
         drafts = real(self, *args, **kwargs)
-        made.append((args[-1] if len(args) > 5 else kwargs.get("held"), drafts))
+        made.append((args[5] if len(args) > 5 else kwargs.get("held"), drafts))
         return drafts
 
     monkeypatch.setattr(CompletionService, "_draft_source", spy)
@@ -121,5 +121,35 @@ def test_at_a_line_start_the_first_drafts_begin_with_the_held_back_indentation(t
         # mid-line there is nothing held back: the sources as they are
         svc.submit("mem://b.py", BEFORE + AFTER, len(BEFORE)).future.result(120)
         assert made[-1][0][1] == ()
+    finally:
+        svc.close()
+
+
+def test_a_one_line_suggestions_drafts_end_at_its_first_line(tiny_models, tmp_path, monkeypatch):
+    """Mid-line (or with one line at most) the suggestion ends at its first line break after text: the service cuts
+    the drafts there (nothing below is ever shown); where several lines may come, it does not. Exact either way."""
+    from rest_lsp.drafts import FirstLine
+
+    made = []
+    real = CompletionService._draft_source
+
+    def spy(self, *args, **kwargs):
+        drafts = real(self, *args, **kwargs)
+        made.append(drafts)
+        return drafts
+
+    monkeypatch.setattr(CompletionService, "_draft_source", spy)
+    svc = start(tiny_models["random"], tmp_path)
+    try:
+        truth = greedy(tiny_models["random"], BEFORE, AFTER, 16)
+        c = svc.submit("mem://a.py", BEFORE + AFTER, len(BEFORE)).future.result(120)
+        assert (c.text if c is not None else "") == truth.split("\n")[0].rstrip()
+        hf = svc._loaded.tokenizer.hf
+        assert isinstance(made[-1], FirstLine) and made[-1].at == len(hf(BEFORE, add_special_tokens=False)["input_ids"])
+        assert made[-1].lines is svc._model.lines  # one memo of token texts per model
+        # an empty line where any number of lines may come: not cut
+        svc.update_settings(Settings(**{**svc.settings.__dict__, "max_lines": 0}))
+        svc.submit("mem://b.py", "def f():\n    \n", len("def f():\n    ")).future.result(120)
+        assert not isinstance(made[-1], FirstLine)
     finally:
         svc.close()

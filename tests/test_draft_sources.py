@@ -9,11 +9,13 @@ from rest_lsp.drafts import (
     ContextLookup,
     DatastoreDrafts,
     DraftMix,
+    FirstLine,
     KnownStart,
     NgramDrafts,
     OutputStore,
     Proposal,
     SuccessorTable,
+    TokenLines,
     propose,
     rest_drafts,
 )
@@ -149,3 +151,57 @@ def test_sources_that_agree_count_once_and_siblings_share_at_most_one():
     # b is sure of 4 (1.0), a gives 9 a half: 1.5 in all, scaled down to 2/3 and 1/3
     assert share(both, 4) == pytest.approx(2 / 3) and share(both, 9) == pytest.approx(1 / 3)
     assert len(both.votes[both.tokens.index(4)]) == 2
+
+
+def test_kept_drops_the_nodes_it_is_told_to_and_their_descendants():
+    p = Proposal("x", 2, (1, 2, 3, 4, 5), (-1, 0, 1, -1, 3), (0.5, 1.0, 1.0, 0.5, 1.0))
+    k = p.kept([True, False, True, True, True])
+    assert (k.tokens, k.parents, k.ratios) == ((1, 4, 5), (-1, -1, 1), (0.5, 0.5, 1.0))
+    assert (k.source, k.match_length) == ("x", 2)
+    assert p.kept([True] * 5) is p
+
+
+# token texts: 1-3 text, 7 a break (with indentation), 8 a break after text ("):\n"), 9 whitespace
+TEXTS = {1: "foo", 2: "(", 3: "bar", 7: "\n    ", 8: "):\n", 9: "  "}
+
+
+def test_token_lines_say_what_each_token_does_to_lines_and_decode_each_once():
+    asked = []
+    lines = TokenLines(lambda t: asked.append(t) or TEXTS[t])
+    assert [lines.of(t) for t in (1, 7, 8, 9)] == [(False, False, True), (True, False, False), (True, True, True),
+                                                   (False, False, False)]
+    lines.of(7)
+    assert asked == [1, 7, 8, 9]
+
+
+def test_a_one_line_output_gets_no_drafts_below_the_end_of_its_first_line():
+    """The output ends at its first line break after text: a break at the start (the held-back indentation) does
+    not end it, the break after text does and stays drafted, and nothing below it is."""
+    lines = TokenLines(TEXTS.__getitem__)
+    # a line start: the output begins with the break and indentation (7), then text, a break, the next line
+    inner = NgramDrafts([[5, 5, 7, 1, 2, 3, 7, 1, 2]])
+    one = FirstLine(inner, at=2, lines=lines)
+    [p] = one.propose([5, 5])
+    assert p.tokens == (7, 1, 2, 3, 7)  # the second break ends the output: its line below is cut
+    [p] = one.propose([5, 5, 7, 1])  # the output holds text already: the next break ends it
+    assert p.tokens == (2, 3, 7)
+    assert one.continuations([5, 5, 7, 1]) == [((2, 3, 7), 1.0)]
+    # a break that follows text in the same token ends the output even when nothing was written before it
+    assert [p.tokens for p in FirstLine(NgramDrafts([[5, 5, 8, 1, 2]]), 2, lines).propose([5, 5])] == [(8,)]
+    # after the end (decoding went on past it) the drafts are left as they are
+    assert [p.tokens for p in one.propose([5, 5, 1, 7])] == [p.tokens for p in inner.propose([5, 5, 1, 7])]
+    # a proposal that hangs below a start that ends the output is dropped; one below a start that does not is cut
+    held = KnownStart(NgramDrafts([[5, 5, 7, 1, 7, 3]]), at=2, start=(7,))
+    found = FirstLine(held, 2, lines).propose([5, 5])
+    assert [(p.source, p.tokens, p.under) for p in found] == [("held", (7,), ()), ("ngram", (1, 7), (7,))]
+    assert FirstLine(KnownStart(inner, at=3, start=(8,)), 3, lines).propose([5, 5, 1]) == [
+        Proposal("held", 0, (8,), (-1,), (1.0,))]
+
+
+def test_rest_drafts_cut_at_the_first_line_only_when_asked():
+    lines = TokenLines(TEXTS.__getitem__)
+    ds = NgramDrafts([[1, 2, 3]], name="workspace")
+    assert isinstance(rest_drafts(ds, first_line=(4, lines)), FirstLine)
+    one = rest_drafts(ds, held=(4, (7,)), first_line=(4, lines))
+    assert isinstance(one, FirstLine) and isinstance(one.inner, KnownStart)
+    assert not isinstance(rest_drafts(ds, held=(4, (7,))), FirstLine)

@@ -108,3 +108,31 @@ def test_the_head_is_batched_when_the_walk_likely_passes_the_root_and_a_row_cost
     assert likely_nodes(tree, HEAD_BATCH_FROM) == []
     alone = DraftTree([1, 2], [-1, 0], [0, 1], shares=(1.0, 0.3))  # 1.3 expected: the root's row alone pays
     assert likely_nodes(alone, HEAD_BATCH_FROM_PACKED) == []
+
+
+def test_a_node_the_walk_reaches_outside_the_batch_brings_the_likeliest_nodes_below_it():
+    """A walk that reached a node outside the batched head call goes on below it: on the packed head, the node's row
+    and the likeliest rows under it cost one row, so they come in one call (values as computed alone)."""
+    import torch
+
+    from rest_lsp.decoding import Decoder, below
+    from tests.conftest import tiny_model
+
+    # 0 -> 1 -> 2 -> 3, 1 -> 4, 0 -> 5 -> 6
+    tree = DraftTree([9, 1, 2, 3, 4, 5, 6], [-1, 0, 1, 2, 1, 0, 5], [0, 1, 2, 3, 2, 1, 2],
+                     shares=(1.0, 0.5, 0.3, 0.2, 0.1, 0.4, 0.35))
+    assert below(tree, 1, 3, {}) == [2, 3, 4]
+    assert below(tree, 1, 2, {2: None}) == [3, 4]  # rows already computed are not asked again
+    assert below(tree, 5, 3, {}) == [6] and below(tree, 3, 3, {}) == [] and below(tree, 0, 0, {}) == []
+
+    decoder = Decoder(tiny_model("llama"))
+    decoder.miss_rows, decoder.head_batch_from = 3, 100.0  # no batched call up front: every row is a miss
+    calls = []
+    real = decoder.logits
+    decoder.logits = lambda h: calls.append(h.shape[0]) or real(h)
+    hidden = torch.randn(len(tree), decoder.model.config.hidden_size)
+    logits_at = decoder._head_at(tree, hidden)
+    got = {n: logits_at(n) for n in (1, 2, 4, 3)}
+    assert calls == [3, 1]  # 1 with 2 and 3; then 4 alone
+    for n, value in got.items():
+        torch.testing.assert_close(value, real(hidden[n : n + 1])[0].float())

@@ -9,7 +9,7 @@ from rest_lsp.decoding import PACKED_CPU_STEP_COST, DecodeConfig, Decoder
 from rest_lsp.acceptance import PRIOR_SCALE, bucket
 from rest_lsp.datastore import Datastore
 from rest_lsp.drafts import (ContextLookup, DraftMix, KnownStart, NgramDrafts, NoDrafts, OutputStore, Proposal,
-                             SuccessorTable, rest_drafts)
+                             SuccessorTable, TokenLines, rest_drafts)
 
 N_NEW = 40
 
@@ -59,6 +59,10 @@ def draft_sources(prompt, truth, vocab, rnd):
                             held=(len(prompt), truth[:2])),
         "held-wrong": KnownStart(NgramDrafts([prompt + corrupted(truth, 4, vocab, rnd)]), len(prompt),
                                  [(truth[0] + 1) % vocab]),
+        # a one-line output: every fifth id "ends the line", and the drafts below such an end are cut
+        "first-line": rest_drafts(workspace, suffix=truth[10:], outputs=outputs, recycle=recycle,
+                                  held=(len(prompt), truth[:2]),
+                                  first_line=(len(prompt), TokenLines(lambda t: "x\n" if t % 5 == 0 else "x"))),
         "none": NoDrafts(),
     }
 
@@ -327,3 +331,8 @@ def test_default_model_with_a_known_start(default_model):
     result = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=16, budget=16))
     assert result.tokens == truth
     assert steps[0][: len(start)] == list(start) and len(steps[0]) > len(start)
+    # as a one-line suggestion: the drafts below the first line's end are cut, the output is the same
+    lines = TokenLines(lambda t: tok.decode([t]))
+    one_line = rest_drafts(workspace, outputs=OutputStore(), recycle=SuccessorTable(), held=(len(prompt), start),
+                           first_line=(len(prompt), lines))
+    assert Decoder(default_model).generate(prompt, one_line, DecodeConfig(max_new_tokens=16, budget=16)).tokens == truth
