@@ -15,7 +15,10 @@ Blank lines are written without a request. Every request is timed from sent to r
 
 The same request sequence goes to each configuration: `rest` (the server's defaults, REST on) and `plain`
 (`--draft-budget 0`), each in a fresh server process (`python -m rest_lsp.server --stdio`, default settings
-but the flags named here), one after the other. In `typed` mode the first configuration's suggestions
+but the flags named here). The processes run side by side and take turns, one function each (the machine's speed
+drifts over minutes: a ratio should compare work done at the same time); the one whose turn it is works alone,
+the others idle (a turn ends once its server's process uses no CPU: what it computes ahead, a closed buffer
+indexed again). In `typed` mode the first configuration's suggestions
 decide where the person types (a person reacts to what they see); the others replay those decisions.
 
 The workspace folder of each server is a temporary copy of the corpus in which the chosen functions' bodies
@@ -70,6 +73,37 @@ MODES = ("line", "typed")
 # Cumulative counters the stats would need for exact per-request deltas (not in the server's stats yet: without
 # them tokens/step and ms/token fall back to each process's running means, warm-up included).
 COUNTERS = ("generated_tokens", "decode_steps", "decode_ms")
+# After a configuration's turn (one function written) its server settles before the next one's turn: what it
+# computes ahead, a closed buffer re-indexed, a datastore merge must not take the cores from another's requests.
+IDLE_CPU_MS = 10  # CPU time in a window of SETTLE_WINDOW_S below which a server counts as idle
+SETTLE_WINDOW_S = 0.25
+SETTLE_MAX_S = 60.0
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process, all its threads (Linux /proc); None where it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def settle(pid: int) -> float:
+    """Wait until the process is idle (or SETTLE_MAX_S passed); returns the seconds waited. Without /proc, one
+    second."""
+    t0 = time.perf_counter()
+    before = cpu_seconds(pid)
+    if before is None:
+        await asyncio.sleep(1.0)
+        return time.perf_counter() - t0
+    while time.perf_counter() - t0 < SETTLE_MAX_S:
+        await asyncio.sleep(SETTLE_WINDOW_S)
+        now = cpu_seconds(pid)
+        if now is None or (now - before) * 1e3 < IDLE_CPU_MS:
+            break
+        before = now
+    return time.perf_counter() - t0
 WARMUP_TEXT = "import os\n\n\ndef main():\n    "
 MIN_BODY_LINES = 2
 
@@ -320,43 +354,70 @@ def prepare_workspace(corpus: Path, dest: Path, files: dict[str, str], chosen: l
         (dest / name).write_text(without_bodies(files[name], fns), encoding="utf-8")
 
 
-async def run_process(args: argparse.Namespace, config: str, root: Path, work: Path, corpus: str, mode: str,
-                      episodes: list[Episode], decisions: dict, decide: bool) -> tuple[list[dict], dict]:
-    """One server process of one configuration: start, index, warm up, write every episode; (records, info)."""
-    tag = f"{config}-{mode}"
-    flags = ["--log-level", "WARNING", "--log-file", str(work / f"server-{tag}.log"),
-             "--cache-dir", str(work / f"cache-{tag}"), *CONFIGS[config]]
-    if args.model:
-        flags += ["--model", args.model]
-    if args.max_new_tokens:
-        flags += ["--max-new-tokens", str(args.max_new_tokens)]
-    if args.dtype:
-        flags += ["--dtype", args.dtype]
-    t0 = time.perf_counter()
-    session = await ServerSession.start(server_command(*flags), root)
-    try:
-        load_s = time.perf_counter() - t0
-        await session.wait_indexed(1)
-        index_s = time.perf_counter() - t0 - load_s
-        warm_uri = (work / f"warmup-{tag}.py").as_uri()  # outside the workspace folder
-        session.open(warm_uri, WARMUP_TEXT)
-        await session.inline(warm_uri, position_of(WARMUP_TEXT))
-        session.close(warm_uri)
-        person = Person(session, config, corpus, mode, args.pause_ms / 1e3, decisions, decide)
-        for episode in episodes:
-            await person.write((root / episode.file).as_uri(), episode)
-        final = await session.stats()
-        info = {"config": config, "corpus": corpus, "mode": mode, "flags": flags, "model_load_s": round(load_s, 1),
-                "index_s": round(index_s, 1), "final_stats": final, "messages": session.messages}
-        return person.records, info
-    except BaseException:
-        log = work / f"server-{tag}.log"
-        if log.exists():  # the temporary folder goes away: say what the server said
-            print(f"bench_replay: {config} server log (end):\n{log.read_text(errors='replace')[-3000:]}",
-                  file=sys.stderr)
-        raise
-    finally:
-        await session.stop()
+class Replay:
+    """One server process of one configuration: started, indexed and warmed up, then given episodes to write."""
+
+    def __init__(self, config: str, corpus: str, mode: str, tag: str, flags: list[str], work: Path):
+        self.config, self.corpus, self.mode, self.tag, self.flags, self.work = config, corpus, mode, tag, flags, work
+        self.session: ServerSession | None = None
+        self.person: Person | None = None
+        self.load_s = self.index_s = 0.0
+
+    @classmethod
+    async def start(cls, args: argparse.Namespace, config: str, root: Path, work: Path, corpus: str, mode: str,
+                    decisions: dict, decide: bool) -> "Replay":
+        tag = f"{config}-{mode}"
+        flags = ["--log-level", "WARNING", "--log-file", str(work / f"server-{tag}.log"),
+                 "--cache-dir", str(work / f"cache-{tag}"), *CONFIGS[config]]
+        if args.model:
+            flags += ["--model", args.model]
+        if args.max_new_tokens:
+            flags += ["--max-new-tokens", str(args.max_new_tokens)]
+        if args.dtype:
+            flags += ["--dtype", args.dtype]
+        replay = cls(config, corpus, mode, tag, flags, work)
+        t0 = time.perf_counter()
+        replay.session = await ServerSession.start(server_command(*flags), root)
+        try:
+            replay.load_s = time.perf_counter() - t0
+            await replay.session.wait_indexed(1)
+            replay.index_s = time.perf_counter() - t0 - replay.load_s
+            warm_uri = (work / f"warmup-{tag}.py").as_uri()  # outside the workspace folder
+            replay.session.open(warm_uri, WARMUP_TEXT)
+            await replay.session.inline(warm_uri, position_of(WARMUP_TEXT))
+            replay.session.close(warm_uri)
+            await settle(replay.session.pid)
+        except BaseException:
+            await replay.stop(failed=True)
+            raise
+        replay.person = Person(replay.session, config, corpus, mode, args.pause_ms / 1e3, decisions, decide)
+        return replay
+
+    async def write(self, root: Path, episode: "Episode") -> None:
+        try:
+            await self.person.write((root / episode.file).as_uri(), episode)
+            await settle(self.session.pid)
+        except BaseException:
+            await self.stop(failed=True)
+            raise
+
+    async def finish(self) -> tuple[list[dict], dict]:
+        final = await self.session.stats()
+        info = {"config": self.config, "corpus": self.corpus, "mode": self.mode, "flags": self.flags,
+                "model_load_s": round(self.load_s, 1), "index_s": round(self.index_s, 1), "final_stats": final,
+                "messages": self.session.messages}
+        await self.stop()
+        return self.person.records, info
+
+    async def stop(self, failed: bool = False) -> None:
+        if failed:
+            log = self.work / f"server-{self.tag}.log"
+            if log.exists():  # the temporary folder goes away: say what the server said
+                print(f"bench_replay: {self.config} server log (end):\n{log.read_text(errors='replace')[-3000:]}",
+                      file=sys.stderr)
+        if self.session is not None:
+            session, self.session = self.session, None
+            await session.stop()
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -379,11 +440,23 @@ async def run(args: argparse.Namespace) -> dict:
             prepare_workspace(corpus, root, files, chosen)
             for mode in modes:
                 decisions: dict = {}
-                for k, config in enumerate(args.configs):
-                    got, info = await run_process(args, config, root, work, corpus.name, mode, episodes,
-                                                  decisions, decide=k == 0)
-                    records += got
-                    processes.append(info)
+                # the configurations take turns, function by function: the machine's speed drifts over minutes,
+                # and each ratio should compare work done at the same time
+                replays = []
+                try:
+                    for k, config in enumerate(args.configs):
+                        replays.append(await Replay.start(args, config, root, work, corpus.name, mode, decisions,
+                                                          decide=k == 0))
+                    for episode in episodes:
+                        for replay in replays:
+                            await replay.write(root, episode)
+                    for replay in replays:
+                        got, info = await replay.finish()
+                        records += got
+                        processes.append(info)
+                finally:
+                    for replay in replays:
+                        await replay.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {

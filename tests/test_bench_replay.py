@@ -20,11 +20,13 @@ from benchmarks.bench_replay import (  # noqa: E402
     choose_functions,
     add_summary,
     compare,
+    cpu_seconds,
     decode_rates,
     find_functions,
     first_line_matches,
     percentile,
     plan_episode,
+    settle,
     split_lines,
     table,
     without_bodies,
@@ -221,3 +223,23 @@ def test_the_table_has_each_mode_the_ratios_the_plain_step_and_the_mismatches():
     assert "p50 latency, ms (plain steps) | 402 (10.0) | 802 (20.0) | 0.50x |" in out
     assert "Plain decoding step in this run (ms/token of the plain server): 40.0 ms." in out
     assert out.count(", 1 mismatches.") == 2 and "mismatch json/tool.py:22 (line-start): rest='y'  vs  plain='z'" in out
+
+
+def test_a_turn_ends_once_the_servers_process_is_idle():
+    """The configurations take turns; one's turn ends when its process stops using the CPU (work it computes
+    ahead must not land in another's turn)."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+
+    assert cpu_seconds(os.getpid()) > 0
+    assert cpu_seconds(2**22 + 12345) is None  # no such process: unreadable, not an error
+    busy = subprocess.Popen([sys.executable, "-c",
+                             "import time\nt = time.time()\nwhile time.time() - t < 1.0: pass\ntime.sleep(60)"])
+    try:
+        waited = asyncio.run(settle(busy.pid))
+        assert 0.7 <= waited < 10
+    finally:
+        busy.kill()
+        busy.wait()
