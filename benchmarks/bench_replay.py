@@ -73,39 +73,16 @@ MODES = ("line", "typed")
 # Cumulative counters the stats would need for exact per-request deltas (not in the server's stats yet: without
 # them tokens/step and ms/token fall back to each process's running means, warm-up included).
 COUNTERS = ("generated_tokens", "decode_steps", "decode_ms")
-# After a configuration's turn (one function written) its server settles before the next one's turn: what it
-# computes ahead, a closed buffer re-indexed, a datastore merge must not take the cores from another's requests.
-IDLE_CPU_MS = 10  # CPU time in a window of SETTLE_WINDOW_S below which a server counts as idle
-SETTLE_WINDOW_S = 0.25
-SETTLE_MAX_S = 60.0
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process, all its threads (Linux /proc); None where it cannot be read."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-async def settle(pid: int) -> float:
-    """Wait until the process is idle (or SETTLE_MAX_S passed); returns the seconds waited. Without /proc, one
-    second."""
-    t0 = time.perf_counter()
-    before = cpu_seconds(pid)
-    if before is None:
-        await asyncio.sleep(1.0)
-        return time.perf_counter() - t0
-    while time.perf_counter() - t0 < SETTLE_MAX_S:
-        await asyncio.sleep(SETTLE_WINDOW_S)
-        now = cpu_seconds(pid)
-        if now is None or (now - before) * 1e3 < IDLE_CPU_MS:
-            break
-        before = now
-    return time.perf_counter() - t0
 WARMUP_TEXT = "import os\n\n\ndef main():\n    "
 MIN_BODY_LINES = 2
+# After a configuration's turn (one function written) its server settles before the next one's turn: what it
+# computes ahead, a closed buffer indexed again (after its 0.25 s debounce), a datastore merge must not take the
+# cores from another's requests. Idle = under IDLE_CPU_MS of CPU in each of SETTLE_QUIET windows in a row, longer
+# together than the server's timers (the buffer feed's debounce, the longest typing debounce).
+IDLE_CPU_MS = 10
+SETTLE_WINDOW_S = 0.25
+SETTLE_QUIET = 3
+SETTLE_MAX_S = 60.0
 
 
 # -- the person's plan: pure functions --------------------------------------------------------------------------
@@ -354,6 +331,40 @@ def prepare_workspace(corpus: Path, dest: Path, files: dict[str, str], chosen: l
         (dest / name).write_text(without_bodies(files[name], fns), encoding="utf-8")
 
 
+# -- taking turns ------------------------------------------------------------------------------------------------
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process, all its threads (Linux /proc); None where it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def settle(pid: int) -> float:
+    """Wait until the process is idle (or SETTLE_MAX_S passed, which it says); returns the seconds waited. Without
+    /proc, one second."""
+    t0 = time.perf_counter()
+    before = cpu_seconds(pid)
+    if before is None:
+        await asyncio.sleep(1.0)
+        return time.perf_counter() - t0
+    quiet = 0
+    while quiet < SETTLE_QUIET:
+        if time.perf_counter() - t0 > SETTLE_MAX_S:
+            print(f"bench_replay: server {pid} still busy after {SETTLE_MAX_S:.0f} s; the next turn starts anyway",
+                  file=sys.stderr)
+            break
+        await asyncio.sleep(SETTLE_WINDOW_S)
+        now = cpu_seconds(pid)
+        if now is None:
+            break
+        quiet = quiet + 1 if (now - before) * 1e3 < IDLE_CPU_MS else 0
+        before = now
+    return time.perf_counter() - t0
+
+
 class Replay:
     """One server process of one configuration: started, indexed and warmed up, then given episodes to write."""
 
@@ -393,7 +404,7 @@ class Replay:
         replay.person = Person(replay.session, config, corpus, mode, args.pause_ms / 1e3, decisions, decide)
         return replay
 
-    async def write(self, root: Path, episode: "Episode") -> None:
+    async def write(self, root: Path, episode: Episode) -> None:
         try:
             await self.person.write((root / episode.file).as_uri(), episode)
             await settle(self.session.pid)

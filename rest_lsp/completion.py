@@ -433,8 +433,8 @@ class CompletionService:
     def _draft_source(self, datastore, settings: Settings, suffix: list[int] | None, outputs, recycle, held=None,
                       first_line=None):
         """The request's drafts; `held`: (prompt length, the tokens of the whitespace the prompt held back), the
-        start of every useful output; `first_line`: (prompt length, drafts.TokenLines) when the suggestion ends at
-        its first line break after text."""
+        start of every useful output; `first_line`: (prompt length, drafts.TokenLines, whether any line break ends
+        it) when the suggestion ends at its first line break after text."""
         from rest_lsp.drafts import NoDrafts, rest_drafts
 
         if settings.draft_budget <= 0:
@@ -530,12 +530,13 @@ class CompletionService:
                 budget.by(job.asked_at + wait_s)
             return stopped or budget.stop(shown)
 
-        # a one-line suggestion (mid-line, or one line with text at most) ends at its first line break after text:
-        # drafts below that break are never shown
+        # a one-line suggestion (mid-line, or one line with text at most) ends at its first line break after text
+        # (mid-line with nothing held back, at its first line break): drafts below it are never shown
         one_line = not ctx.multiline or ctx.max_lines == 1
+        any_break = not ctx.multiline and not ctx.held
         drafts = self._draft_source(datastore, s, suffix, model.outputs, model.recycle,
                                     (len(prompt.ids), prompt.held_ids),
-                                    (len(prompt.ids), model.lines) if one_line else None)
+                                    (len(prompt.ids), model.lines, any_break) if one_line else None)
         model.documents.use(decoder, job.doc_id, s.document_cache_mb << 20)
         result = decoder.generate(prompt.ids, drafts, config, should_stop, cancelled=job.cancelled)
         # every output, shown or not: the next request at this place will likely start the same way

@@ -495,11 +495,12 @@ class Decoder:
             if not all(0 <= t < self.vocab_size for t in prop.under) or (
                     depth_limit is not None and len(prop.under) >= depth_limit):
                 continue
-            depth: list[int] = []
-            keep: list[bool] = []
-            for t, parent in zip(prop.tokens, prop.parents):
-                depth.append(len(prop.under) + 1 if parent < 0 else depth[parent] + 1)
-                keep.append(0 <= t < self.vocab_size and (depth_limit is None or depth[-1] <= depth_limit))
+            keep = [0 <= t < self.vocab_size for t in prop.tokens]
+            if depth_limit is not None:
+                depth: list[int] = []
+                for i, parent in enumerate(prop.parents):
+                    depth.append(len(prop.under) + 1 if parent < 0 else depth[parent] + 1)
+                    keep[i] = keep[i] and depth[i] <= depth_limit
             prop = prop.kept(keep)
             if len(prop):
                 out.append(prop)
@@ -590,7 +591,8 @@ class Decoder:
 
     def _head_at(self, tree: DraftTree, hidden: torch.Tensor) -> Callable[[int], torch.Tensor]:
         """logits_at(node) -> [V] fp32 from hidden states [n+1, H]: the likeliest nodes in one head call when the
-        walk is expected to visit enough of them, any other node alone when the walk reaches it."""
+        walk is expected to visit enough of them; any other node when the walk reaches it, with the likeliest nodes
+        below it in as many rows as cost one (`miss_rows`)."""
         done: dict[int, torch.Tensor] = {}
         rows = likely_nodes(tree, self.head_batch_from, self.head_batch)
         if len(rows) > 1:

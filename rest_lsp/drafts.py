@@ -92,6 +92,8 @@ class Proposal:
 
     def kept(self, keep: Sequence[bool]) -> "Proposal":
         """The nodes that `keep` marks, less the descendants of any it drops (indices renumbered)."""
+        if len(keep) != len(self.tokens):
+            raise ValueError(f"{len(keep)} marks for {len(self.tokens)} nodes")
         if all(keep):
             return self
         where: list[int] = []  # old index -> new index, -1 when dropped
@@ -341,7 +343,21 @@ class DatastoreDrafts:
         return [Proposal.from_continuations(self.name, found.match_length, found.continuations)]
 
 
-class KnownStart:
+class _Wrapper:
+    """A source around another: the model's habits still reach the inner one."""
+
+    inner: DraftSource
+
+    def observe_successors(self, token: int, ids: Sequence[int], probs: Sequence[float]) -> None:
+        if hasattr(self.inner, "observe_successors"):
+            self.inner.observe_successors(token, ids, probs)
+
+    @property
+    def wants_successors(self) -> bool:
+        return getattr(self.inner, "wants_successors", hasattr(self.inner, "observe_successors"))
+
+
+class KnownStart(_Wrapper):
     """Drafts for an output whose start is known: `start`, due right after the first `at` context tokens.
 
     A prompt can end before text that is already written: the whitespace before the cursor that the prompt holds
@@ -375,18 +391,12 @@ class KnownStart:
         below = self.inner.continuations([*context, *self.start])
         return [(self.start, 1.0)] + [(self.start + tuple(c), w) for c, w in below]
 
-    def observe_successors(self, token: int, ids: Sequence[int], probs: Sequence[float]) -> None:
-        if hasattr(self.inner, "observe_successors"):
-            self.inner.observe_successors(token, ids, probs)
-
-    @property
-    def wants_successors(self) -> bool:
-        return getattr(self.inner, "wants_successors", hasattr(self.inner, "observe_successors"))
-
-
 class TokenLines:
-    """What a token's text does to lines: (it holds a line break, text comes before that break, it holds any text),
-    from the tokenizer's decoding of the token alone, memoised per id (a session meets a few thousand ids)."""
+    """What a token's text does to lines: (it holds a line break, text comes before its last break, it holds any
+    text), from the tokenizer's decoding of the token alone, memoised per id (a session meets a few thousand ids).
+
+    A token holding part of a character decodes to U+FFFD alone: not counted as text, since the character may be
+    whitespace (U+3000 splits so), and a wrong "text" would end a line the stop rules leave open."""
 
     def __init__(self, decode_one: Callable[[int], str]):
         self._decode_one = decode_one
@@ -395,34 +405,40 @@ class TokenLines:
     def of(self, token: int) -> tuple[bool, bool, bool]:
         flags = self._flags.get(token)
         if flags is None:
-            text = self._decode_one(token)
-            head, brk, _ = text.partition("\n")
+            text = self._decode_one(token).replace("\ufffd", "")
+            head, brk, _ = text.rpartition("\n")
             flags = self._flags[token] = (bool(brk), bool(brk) and bool(head.strip()), bool(text.strip()))
         return flags
 
+    def after(self, token: int, written: bool, any_break: bool = False) -> tuple[bool, bool]:
+        """(the token ends an output that holds text already when `written`, whether the output holds text after
+        it); with `any_break`, any line break ends it."""
+        brk, before, anything = self.of(token)
+        return brk and (written or before or any_break), written or anything
 
-class FirstLine:
+
+class FirstLine(_Wrapper):
     """Drafts for an output that ends at its first line break after text (a one-line suggestion; the output
-    begins after the first `at` context tokens).
+    begins after the first `at` context tokens), or at any line break with `any_break` (mid-line, nothing held
+    back: the stop rules end it at the first).
 
-    Nothing below such a break is ever shown: decoding stops there. Yet the sources, continuing text they have
+    Nothing below that break is ever shown: decoding stops there. Yet the sources, continuing text they have
     seen, hang the next line below it, and those nodes took a sixth of the draft rows of the replay's one-line
     suggestions. Each proposal is cut below the node that ends the output, which stays (it is the output's last
     token); the rows go to likelier nodes, or are not paid for.
     """
 
-    def __init__(self, inner: DraftSource, at: int, lines: TokenLines):
-        self.inner, self.at, self.lines = inner, at, lines
+    def __init__(self, inner: DraftSource, at: int, lines: TokenLines, any_break: bool = False):
+        self.inner, self.at, self.lines, self.any_break = inner, at, lines, any_break
 
     def _written(self, context: Sequence[int]) -> bool | None:
         """Whether the output so far holds text; None once it has ended."""
-        text = False
+        written = False
         for t in context[self.at:]:
-            brk, before, anything = self.lines.of(t)
-            if brk and (text or before):
+            ends, written = self.lines.after(t, written, self.any_break)
+            if ends:
                 return None
-            text = text or anything
-        return text
+        return written
 
     def propose(self, context: Sequence[int]) -> list[Proposal]:
         found = propose(self.inner, context)
@@ -433,19 +449,17 @@ class FirstLine:
 
     def _cut(self, prop: Proposal, written: bool) -> Proposal | None:
         for t in prop.under:
-            brk, before, anything = self.lines.of(t)
-            if brk and (written or before):
+            ends, written = self.lines.after(t, written, self.any_break)
+            if ends:
                 return None  # the proposal hangs below the end
-            written = written or anything
         text: list[bool] = []  # per node: the output holds text once it is accepted
         ends: list[bool] = []
         keep: list[bool] = []
         for t, parent in zip(prop.tokens, prop.parents):
-            brk, before, anything = self.lines.of(t)
-            up = written if parent < 0 else text[parent]
+            end, holds = self.lines.after(t, written if parent < 0 else text[parent], self.any_break)
             keep.append(parent < 0 or not ends[parent])
-            ends.append(brk and (up or before))
-            text.append(up or anything)
+            ends.append(end)
+            text.append(holds)
         return prop.kept(keep)
 
     def continuations(self, context: Sequence[int]) -> list[Continuation]:
@@ -457,21 +471,12 @@ class FirstLine:
         for tokens, w in found:
             text = written
             for i, t in enumerate(tokens):
-                brk, before, anything = self.lines.of(t)
-                if brk and (text or before):
+                end, text = self.lines.after(t, text, self.any_break)
+                if end:
                     tokens = tokens[: i + 1]
                     break
-                text = text or anything
             out.append((tuple(tokens), w))
         return out
-
-    def observe_successors(self, token: int, ids: Sequence[int], probs: Sequence[float]) -> None:
-        if hasattr(self.inner, "observe_successors"):
-            self.inner.observe_successors(token, ids, probs)
-
-    @property
-    def wants_successors(self) -> bool:
-        return getattr(self.inner, "wants_successors", hasattr(self.inner, "observe_successors"))
 
 
 class DraftMix:
@@ -527,12 +532,12 @@ def rest_drafts(
     recycle: SuccessorTable | None = None,
     exclude: Iterable[str] = (),
     held: tuple[int, Sequence[int]] | None = None,
-    first_line: tuple[int, TokenLines] | None = None,
+    first_line: tuple[int, TokenLines, bool] | None = None,
 ) -> DraftMix | KnownStart | FirstLine:
     """The drafts REST uses everywhere: the context itself, the text after the cursor, the model's recent outputs,
     the workspace datastore, and the model's own habits as the fallback; with `held` (context length, tokens), the
-    start of the output that is known (KnownStart); with `first_line` (context length, the tokens' lines), an
-    output that ends at its first line break after text (FirstLine). Any source can be absent or excluded by
+    start of the output that is known (KnownStart); with `first_line` (context length, the tokens' lines, whether
+    any line break ends it), an output that ends at its first line break after text (FirstLine). Any source can be absent or excluded by
     name."""
     skip = set(exclude)
     sources: list[tuple[str, DraftSource]] = [("context", ContextLookup())]

@@ -243,3 +243,12 @@ def test_a_turn_ends_once_the_servers_process_is_idle():
     finally:
         busy.kill()
         busy.wait()
+    # a short pause (a debounce) between two bursts does not end the turn
+    code = ("import time\ndef spin(s):\n    t = time.time()\n    while time.time() - t < s: pass\n"
+            "spin(0.3)\ntime.sleep(0.3)\nspin(0.5)\ntime.sleep(60)")
+    bursts = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        assert asyncio.run(settle(bursts.pid)) >= 1.1
+    finally:
+        bursts.kill()
+        bursts.wait()

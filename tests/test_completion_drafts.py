@@ -147,6 +147,11 @@ def test_a_one_line_suggestions_drafts_end_at_its_first_line(tiny_models, tmp_pa
         hf = svc._loaded.tokenizer.hf
         assert isinstance(made[-1], FirstLine) and made[-1].at == len(hf(BEFORE, add_special_tokens=False)["input_ids"])
         assert made[-1].lines is svc._model.lines  # one memo of token texts per model
+        assert made[-1].any_break  # mid-line, nothing held back: its first line break ends it
+        # a line start (the indentation held back) with one line at most, the default: cut after text only
+        line_start = "def f(values):\n    "
+        svc.submit("mem://c.py", line_start + "\n", len(line_start)).future.result(120)
+        assert isinstance(made[-1], FirstLine) and not made[-1].any_break
         # an empty line where any number of lines may come: not cut
         svc.update_settings(Settings(**{**svc.settings.__dict__, "max_lines": 0}))
         svc.submit("mem://b.py", "def f():\n    \n", len("def f():\n    ")).future.result(120)

@@ -1,5 +1,6 @@
-import pytest
 """Each draft source on its own: what it proposes, with which ratios and match lengths, and its bounds."""
+
+import pytest
 
 from rest_lsp.acceptance import bucket
 from rest_lsp.datastore import Datastore
@@ -159,19 +160,26 @@ def test_kept_drops_the_nodes_it_is_told_to_and_their_descendants():
     assert (k.tokens, k.parents, k.ratios) == ((1, 4, 5), (-1, -1, 1), (0.5, 0.5, 1.0))
     assert (k.source, k.match_length) == ("x", 2)
     assert p.kept([True] * 5) is p
+    with pytest.raises(ValueError):
+        p.kept([True] * 4)
 
 
-# token texts: 1-3 text, 7 a break (with indentation), 8 a break after text ("):\n"), 9 whitespace
-TEXTS = {1: "foo", 2: "(", 3: "bar", 7: "\n    ", 8: "):\n", 9: "  "}
+# token texts: 1-3 text, 7 a break (with indentation), 8 a break after text ("):\n"), 9 whitespace, 10 part of a
+# character (U+3000, whitespace, splits so), 11 text between two breaks
+TEXTS = {1: "foo", 2: "(", 3: "bar", 7: "\n    ", 8: "):\n", 9: "  ", 10: "\ufffd", 11: "\n  x\n"}
 
 
 def test_token_lines_say_what_each_token_does_to_lines_and_decode_each_once():
     asked = []
     lines = TokenLines(lambda t: asked.append(t) or TEXTS[t])
-    assert [lines.of(t) for t in (1, 7, 8, 9)] == [(False, False, True), (True, False, False), (True, True, True),
-                                                   (False, False, False)]
+    assert [lines.of(t) for t in (1, 7, 8, 9, 10, 11)] == [
+        (False, False, True), (True, False, False), (True, True, True), (False, False, False),
+        (False, False, False),  # a part of a character may be whitespace: not text
+        (True, True, True)]  # text before its last break: it ends the output even from a clean start
     lines.of(7)
-    assert asked == [1, 7, 8, 9]
+    assert asked == [1, 7, 8, 9, 10, 11]
+    assert lines.after(7, written=False) == (False, False) and lines.after(7, written=True) == (True, True)
+    assert lines.after(7, written=False, any_break=True) == (True, False)
 
 
 def test_a_one_line_output_gets_no_drafts_below_the_end_of_its_first_line():
@@ -196,12 +204,18 @@ def test_a_one_line_output_gets_no_drafts_below_the_end_of_its_first_line():
     assert [(p.source, p.tokens, p.under) for p in found] == [("held", (7,), ()), ("ngram", (1, 7), (7,))]
     assert FirstLine(KnownStart(inner, at=3, start=(8,)), 3, lines).propose([5, 5, 1]) == [
         Proposal("held", 0, (8,), (-1,), (1.0,))]
+    # mid-line with nothing held back, any break ends the output; a part of a character is not text
+    assert [p.tokens for p in FirstLine(NgramDrafts([[5, 5, 9, 7, 1]]), 2, lines, any_break=True).propose(
+        [5, 5])] == [(9, 7)]
+    assert [p.tokens for p in FirstLine(NgramDrafts([[5, 5, 10, 7, 1, 7, 2]]), 2, lines).propose([5, 5])] == [
+        (10, 7, 1, 7)]
 
 
 def test_rest_drafts_cut_at_the_first_line_only_when_asked():
     lines = TokenLines(TEXTS.__getitem__)
     ds = NgramDrafts([[1, 2, 3]], name="workspace")
-    assert isinstance(rest_drafts(ds, first_line=(4, lines)), FirstLine)
-    one = rest_drafts(ds, held=(4, (7,)), first_line=(4, lines))
+    assert isinstance(rest_drafts(ds, first_line=(4, lines, False)), FirstLine)
+    one = rest_drafts(ds, held=(4, (7,)), first_line=(4, lines, True))
+    assert one.any_break
     assert isinstance(one, FirstLine) and isinstance(one.inner, KnownStart)
     assert not isinstance(rest_drafts(ds, held=(4, (7,))), FirstLine)

@@ -135,4 +135,4 @@ def test_a_node_the_walk_reaches_outside_the_batch_brings_the_likeliest_nodes_be
     got = {n: logits_at(n) for n in (1, 2, 4, 3)}
     assert calls == [3, 1]  # 1 with 2 and 3; then 4 alone
     for n, value in got.items():
-        torch.testing.assert_close(value, real(hidden[n : n + 1])[0].float())
+        assert torch.equal(value, real(hidden[n : n + 1])[0].float())

@@ -9,7 +9,7 @@ from rest_lsp.decoding import PACKED_CPU_STEP_COST, DecodeConfig, Decoder
 from rest_lsp.acceptance import PRIOR_SCALE, bucket
 from rest_lsp.datastore import Datastore
 from rest_lsp.drafts import (ContextLookup, DraftMix, KnownStart, NgramDrafts, NoDrafts, OutputStore, Proposal,
-                             SuccessorTable, TokenLines, rest_drafts)
+                             SuccessorTable, TokenLines, propose, rest_drafts)
 
 N_NEW = 40
 
@@ -62,7 +62,8 @@ def draft_sources(prompt, truth, vocab, rnd):
         # a one-line output: every fifth id "ends the line", and the drafts below such an end are cut
         "first-line": rest_drafts(workspace, suffix=truth[10:], outputs=outputs, recycle=recycle,
                                   held=(len(prompt), truth[:2]),
-                                  first_line=(len(prompt), TokenLines(lambda t: "x\n" if t % 5 == 0 else "x"))),
+                                  first_line=(len(prompt), TokenLines(lambda t: "x\n" if t % 5 == 0 else "x"),
+                                              False)),
         "none": NoDrafts(),
     }
 
@@ -334,5 +335,15 @@ def test_default_model_with_a_known_start(default_model):
     # as a one-line suggestion: the drafts below the first line's end are cut, the output is the same
     lines = TokenLines(lambda t: tok.decode([t]))
     one_line = rest_drafts(workspace, outputs=OutputStore(), recycle=SuccessorTable(), held=(len(prompt), start),
-                           first_line=(len(prompt), lines))
+                           first_line=(len(prompt), lines, False))
+    sizes = []  # (nodes the inner sources proposed, nodes left) per step
+    cut = one_line.propose
+
+    def spy(context):
+        got = cut(context)
+        sizes.append((sum(map(len, propose(one_line.inner, context))), sum(map(len, got))))
+        return got
+
+    one_line.propose = spy
     assert Decoder(default_model).generate(prompt, one_line, DecodeConfig(max_new_tokens=16, budget=16)).tokens == truth
+    assert any(left < full for full, left in sizes)  # the line below "return a * b" was drafted, and cut
