@@ -391,6 +391,7 @@ class KnownStart(_Wrapper):
         below = self.inner.continuations([*context, *self.start])
         return [(self.start, 1.0)] + [(self.start + tuple(c), w) for c, w in below]
 
+
 class TokenLines:
     """What a token's text does to lines: (it holds a line break, text comes before its last break, it holds any
     text), from the tokenizer's decoding of the token alone, memoised per id (a session meets a few thousand ids).
@@ -537,8 +538,8 @@ def rest_drafts(
     """The drafts REST uses everywhere: the context itself, the text after the cursor, the model's recent outputs,
     the workspace datastore, and the model's own habits as the fallback; with `held` (context length, tokens), the
     start of the output that is known (KnownStart); with `first_line` (context length, the tokens' lines, whether
-    any line break ends it), an output that ends at its first line break after text (FirstLine). Any source can be absent or excluded by
-    name."""
+    any line break ends it), an output that ends at its first line break after text (FirstLine). Any source can be
+    absent or excluded by name."""
     skip = set(exclude)
     sources: list[tuple[str, DraftSource]] = [("context", ContextLookup())]
     if suffix:
