@@ -530,13 +530,10 @@ class CompletionService:
                 budget.by(job.asked_at + wait_s)
             return stopped or budget.stop(shown)
 
-        # a one-line suggestion (mid-line, or one line with text at most) ends at its first line break after text
-        # (mid-line with nothing held back, at its first line break): drafts below it are never shown
-        one_line = not ctx.multiline or ctx.max_lines == 1
-        any_break = not ctx.multiline and not ctx.held
+        # a one-line suggestion ends where the stop rules end it: drafts below that line break are never shown
         drafts = self._draft_source(datastore, s, suffix, model.outputs, model.recycle,
                                     (len(prompt.ids), prompt.held_ids),
-                                    (len(prompt.ids), model.lines, any_break) if one_line else None)
+                                    (len(prompt.ids), model.lines, ctx.any_break_ends) if ctx.one_line else None)
         model.documents.use(decoder, job.doc_id, s.document_cache_mb << 20)
         result = decoder.generate(prompt.ids, drafts, config, should_stop, cancelled=job.cancelled)
         # every output, shown or not: the next request at this place will likely start the same way

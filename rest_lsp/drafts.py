@@ -432,14 +432,19 @@ class FirstLine(_Wrapper):
     def __init__(self, inner: DraftSource, at: int, lines: TokenLines, any_break: bool = False):
         self.inner, self.at, self.lines, self.any_break = inner, at, lines, any_break
 
-    def _written(self, context: Sequence[int]) -> bool | None:
-        """Whether the output so far holds text; None once it has ended."""
-        written = False
-        for t in context[self.at:]:
+    def _scan(self, tokens: Sequence[int], written: bool) -> tuple[int | None, bool]:
+        """(the index of the token among `tokens` that ends the output, None if none does; whether the output holds
+        text after them), for an output that held text before them when `written`."""
+        for i, t in enumerate(tokens):
             ends, written = self.lines.after(t, written, self.any_break)
             if ends:
-                return None
-        return written
+                return i, written
+        return None, written
+
+    def _written(self, context: Sequence[int]) -> bool | None:
+        """Whether the output so far holds text; None once it has ended."""
+        end, written = self._scan(context[self.at:], False)
+        return None if end is not None else written
 
     def propose(self, context: Sequence[int]) -> list[Proposal]:
         found = propose(self.inner, context)
@@ -449,10 +454,9 @@ class FirstLine(_Wrapper):
         return [cut for p in found if (cut := self._cut(p, written)) is not None and len(cut)]
 
     def _cut(self, prop: Proposal, written: bool) -> Proposal | None:
-        for t in prop.under:
-            ends, written = self.lines.after(t, written, self.any_break)
-            if ends:
-                return None  # the proposal hangs below the end
+        end, written = self._scan(prop.under, written)
+        if end is not None:
+            return None  # the proposal hangs below the end
         text: list[bool] = []  # per node: the output holds text once it is accepted
         ends: list[bool] = []
         keep: list[bool] = []
@@ -470,13 +474,8 @@ class FirstLine(_Wrapper):
             return found
         out = []
         for tokens, w in found:
-            text = written
-            for i, t in enumerate(tokens):
-                end, text = self.lines.after(t, text, self.any_break)
-                if end:
-                    tokens = tokens[: i + 1]
-                    break
-            out.append((tuple(tokens), w))
+            end, _ = self._scan(tokens, written)
+            out.append((tuple(tokens if end is None else tokens[: end + 1]), w))
         return out
 
 

@@ -46,6 +46,16 @@ class StopContext:
     held: str = ""  # the cursor line's whitespace that the prompt left out; the model writes it
     max_lines: int = 0  # lines with text a multi-line completion keeps at most (0: no limit)
 
+    @property
+    def one_line(self) -> bool:
+        """The completion ends at its first line break after text (single line, or a cap of one line)."""
+        return not self.multiline or self.max_lines == 1
+
+    @property
+    def any_break_ends(self) -> bool:
+        """Its first line break ends it, text before it or not (single line, nothing held back: `_cut`)."""
+        return not self.multiline and not self.held
+
 
 def stop_context(before: str, after: str, max_lines: int = 0) -> StopContext:
     line_before = before[before.rfind("\n") + 1:]

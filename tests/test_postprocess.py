@@ -117,3 +117,13 @@ def test_max_lines_caps_a_multi_line_completion_at_its_last_whole_line():
     # no cap: the block rules alone
     free = stop_context("def f(x):\n    ", "\n")
     assert trim("\n    y = 1\n    z = 2\n    w", free, final=False) == ("y = 1\n    z = 2\n    w", False)
+
+
+def test_where_a_one_line_completion_ends():
+    """Mid-line the first line break ends it (after text only when the prompt held whitespace back); on an empty
+    line one line at most ends it at the break after text; with more lines allowed it is not one line."""
+    mid = stop_context("x = f(", ")\n")
+    assert mid.one_line and mid.any_break_ends
+    start = stop_context("def f():\n    ", "\n", max_lines=1)
+    assert start.held and start.one_line and not start.any_break_ends
+    assert not stop_context("def f():\n    ", "\n", max_lines=0).one_line
