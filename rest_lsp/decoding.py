@@ -83,6 +83,9 @@ PACKED_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.07, 4: 1.28, 6: 1.43, 8: 1.46, 1
 # The same on fbgemm's fp16 weights (float16-weights; its kernels take rows in blocks of 6, and 6+ rows are
 # compute-bound on 2 AVX2 cores): 16-17 ms for one token, so the curve is steeper than oneDNN's fp32 one.
 FP16_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.28, 4: 1.41, 6: 1.64, 8: 2.02, 12: 2.52, 16: 3.06, 32: 5.3, 64: 9.4})
+# Our panel kernel (panel_matmul.py), fp32, same machine and model, one calibrate() run (41 ms for one token): the
+# rows' arithmetic hides under the weights' stream up to 12 rows (2 tiles of 6), so the curve is flat that far.
+PANEL_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.08, 4: 1.08, 6: 1.09, 8: 1.22, 12: 1.25, 16: 1.45, 32: 2.57, 64: 4.3})
 FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
 
 
@@ -171,10 +174,15 @@ HEAD_BATCH_FROM_PACKED = 1.4
 # 2.6x; 2.2 ms for one row here), so a walk expected to visit 1.7 nodes gets the likeliest 6 in one call.
 HEAD_BATCH_FP16 = 6
 HEAD_BATCH_FROM_FP16 = 1.7
+# On our panel kernel 12 rows cost 1.16x one row (7.2 against 6.2 ms): the head reads its weight once for two
+# tiles of 6 rows, so any walk expected to go past the root gets the likeliest 12 in one call.
+HEAD_BATCH_PANEL = 12
+HEAD_BATCH_FROM_PANEL = 1.1
 # A node the walk reaches outside that call comes with the likeliest nodes below it (the walk that got there goes
-# on there) in as many rows as cost what one row does: 4 on oneDNN's packed fp32 head (7.5 ms against 7.8 for one
-# row here, the 113 MB weight read either way), 3 on fbgemm's fp16 one; one by one on MKL, where rows cost more.
-MISS_ROWS = {"onednn": 4, "fp16": 3}
+# on there) in as many rows as cost what one row does: 6 on our panel kernel (one tile), 4 on oneDNN's packed fp32
+# head (7.5 ms against 7.8 for one row here, the 113 MB weight read either way), 3 on fbgemm's fp16 one; one by one
+# on MKL, where rows cost more.
+MISS_ROWS = {"panel": 6, "onednn": 4, "fp16": 3}
 
 
 def below(tree: DraftTree, node: int, rows: int, skip) -> list[int]:
@@ -291,13 +299,15 @@ class Decoder:
                      if self.lean_unsupported is None else None)
         self.logits = self.lean.head if self.lean is not None else self.head  # hidden [n, H] -> [n, V]
         packing = self.lean.packing if self.lean is not None else "none"
-        self.head_batch_from, self.head_batch = {"onednn": (HEAD_BATCH_FROM_PACKED, HEAD_BATCH),
+        self.head_batch_from, self.head_batch = {"panel": (HEAD_BATCH_FROM_PANEL, HEAD_BATCH_PANEL),
+                                                 "onednn": (HEAD_BATCH_FROM_PACKED, HEAD_BATCH),
                                                  "fp16": (HEAD_BATCH_FROM_FP16, HEAD_BATCH_FP16)}.get(
                                                      packing, (HEAD_BATCH_FROM, HEAD_BATCH))
         self.miss_rows = MISS_ROWS.get(packing, 1)
         self.name = loaded.name
         # Until calibrate() has measured this machine: the constants measured on the reference machines.
         self.step_cost = (FLAT_STEP_COST if self.device.type == "cuda"
+                          else PANEL_CPU_STEP_COST if self.engine == "lean-panel"
                           else PACKED_CPU_STEP_COST if self.engine == "lean-onednn"
                           else FP16_CPU_STEP_COST if self.engine == "lean-fp16" else CPU_STEP_COST)
         self.calibration: Calibration | None = None

@@ -84,6 +84,15 @@ def onednn_packs(dtype: torch.dtype, device: torch.device) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def panel_packs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether Matmul can run on rest-lsp's own panel kernel here (CPU, fp32, a C compiler: panel_matmul.py)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    from rest_lsp import panel_matmul
+
+    return panel_matmul.available()
+
+
 def fp16_packs(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether Matmul can run on fbgemm's fp16 weights here (CPU, fp32 activations, a torch built with fbgemm)."""
     return (device.type == "cpu" and dtype == torch.float32
@@ -92,12 +101,14 @@ def fp16_packs(dtype: torch.dtype, device: torch.device) -> bool:
             and hasattr(torch.ops.quantized, "linear_dynamic_fp16"))
 
 
-PACKINGS = ("onednn", "fp16", "none")
+PACKINGS = ("panel", "onednn", "fp16", "none")
 PACK_ROWS = 8  # the input rows oneDNN is told to expect when it picks the weight layout (a tree step's size)
 
 
 class Matmul(torch.nn.Module):
     """x @ weight.T + bias, on a packed copy of the weight when there is one (`Matmul.of` picks the kind):
+    - "panel": rest-lsp's own kernel over fp32 panels (panel_matmul.py; exact: only the accumulation order differs
+      from F.linear, and it is the same for any number of rows);
     - "onednn": oneDNN's layout of the fp32 weight (exact: only the accumulation order differs from F.linear);
     - "fp16": fbgemm's fp16 copy, multiplied in fp32 (half the bytes a step streams; the weights round to fp16
       once, so outputs differ from fp32's where the model is near a tie: the "float16-weights" mode).
@@ -108,6 +119,11 @@ class Matmul(torch.nn.Module):
     @staticmethod
     @torch.no_grad()
     def of(weight: torch.Tensor, bias: torch.Tensor | None, pack: str) -> "Matmul":
+        if pack == "panel":
+            from rest_lsp import panel_matmul
+
+            return PanelMatmul(panel_matmul.pack(weight), weight.shape[0],
+                               None if bias is None else bias.detach().float().contiguous())
         if pack == "onednn":
             return OneDNNMatmul(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS), bias)
         if pack == "fp16":
@@ -125,6 +141,18 @@ class PlainMatmul(Matmul):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
         return F.linear(x, self.weight, self.bias)
+
+
+class PanelMatmul(Matmul):
+    packing = "panel"
+    bias: Optional[torch.Tensor]
+
+    def __init__(self, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None):
+        super().__init__()
+        self.panels, self.out_features, self.bias = panels, out_features, bias  # [N/16, K, 16], N, [N]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.rest_lsp.panel_mm(x, self.panels, self.out_features, self.bias)
 
 
 class OneDNNMatmul(Matmul):
@@ -152,14 +180,14 @@ class Fp16Matmul(Matmul):
 
 
 def pick_packing(pack: str | bool | None, dtype: torch.dtype, device: torch.device) -> str:
-    """The packing a LeanLlama runs: None picks oneDNN where it packs (True asks for it), False or "none" packs
-    nothing; a packing this machine cannot run is a ValueError."""
+    """The packing a LeanLlama runs: None picks our panel kernel where it runs, else oneDNN where it packs (True
+    asks for oneDNN), False or "none" packs nothing; a packing this machine cannot run is a ValueError."""
     if pack is None:
-        return "onednn" if onednn_packs(dtype, device) else "none"
+        return "panel" if panel_packs(dtype, device) else "onednn" if onednn_packs(dtype, device) else "none"
     name = {True: "onednn", False: "none"}.get(pack, pack)
     if name not in PACKINGS:
         raise ValueError(f"unknown packing {pack!r}: use one of {', '.join(PACKINGS)}")
-    runs = {"onednn": onednn_packs, "fp16": fp16_packs}.get(name)
+    runs = {"panel": panel_packs, "onednn": onednn_packs, "fp16": fp16_packs}.get(name)
     if runs is not None and not runs(dtype, device):
         raise ValueError(f"{name} cannot pack {dtype} weights on {device}")
     return name

@@ -80,19 +80,22 @@ def test_llama_family_runs_on_the_lean_engine(tiny):
     assert Decoder(tiny, lean=False).lean is None
 
 
-@pytest.mark.parametrize("pack", [True, False], ids=["onednn", "f.linear"])
+@pytest.mark.parametrize("pack", ["panel", "onednn", "none"], ids=["panel", "onednn", "f.linear"])
 def test_the_lean_engine_is_exact_on_packed_weights_and_on_plain_ones(tiny, pack):
-    """On a CPU in fp32 the lean engine's matmuls run on oneDNN's packed weights (the other tests use that path);
-    F.linear is the path on GPUs and in other dtypes: both verify trees exactly."""
-    from rest_lsp.lean_llama import LeanLlama, onednn_packs
+    """On a CPU in fp32 the lean engine's matmuls run on our panel kernel (the other tests use that path), or on
+    oneDNN's packed weights where no compiler built it; F.linear is the path on GPUs and in other dtypes: all of
+    them verify trees exactly."""
+    from rest_lsp.lean_llama import LeanLlama, onednn_packs, panel_packs
 
-    if pack and not onednn_packs(torch.float32, tiny.device):
-        pytest.skip("oneDNN packs fp32 weights on a CPU only")
+    runs = {"panel": panel_packs, "onednn": onednn_packs}.get(pack)
+    if runs is not None and not runs(torch.float32, tiny.device):
+        pytest.skip(f"{pack} packs fp32 weights on a CPU only (panel: with a C compiler)")
     vocab = tiny.model.config.vocab_size
     decoder = Decoder(tiny)
     decoder.lean = LeanLlama(decoder.model, decoder.max_context, pack=pack)
     decoder.logits = decoder.lean.head
-    assert decoder.engine == ("lean-onednn" if pack else "lean-graphs" if tiny.device.type == "cuda" else "lean")
+    assert decoder.engine == (f"lean-{pack}" if runs is not None
+                              else "lean-graphs" if tiny.device.type == "cuda" else "lean")
     for seed in range(3):
         rnd = random.Random(seed)
         prompt = [rnd.randrange(vocab) for _ in range(rnd.randrange(5, 30))]

@@ -82,7 +82,7 @@ def _run(lean: LeanLlama, static: bool) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "odd-head-dim"])
-@pytest.mark.parametrize("pack", ["none", "onednn", "fp16"])
+@pytest.mark.parametrize("pack", ["none", "panel", "onednn", "fp16"])
 @pytest.mark.parametrize("static", [False, True], ids=["eager-step", "static-step"])
 def test_the_scripted_layers_compute_what_the_python_layers_do_bit_for_bit(arch, pack, static):
     model = _tiny_odd_head_dim() if arch == "odd-head-dim" else tiny_model(arch).model
