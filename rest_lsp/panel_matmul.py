@@ -11,8 +11,8 @@ depend on has a kernel for this shape (llama.cpp's are for its quantized formats
   - a tile of up to 6 input rows keeps 6 x 16 sums in registers while it walks a panel, one fused multiply-add
     per weight and row; the rows of a tree are 1-3 tiles, so the panel is read from memory once;
   - while a panel is being multiplied, the next one is prefetched, so the memory is always busy;
-  - the panels are split between the threads of torch's own OpenMP pool (the library links the libgomp that
-    torch loaded).
+  - the panels are split between torch.get_num_threads() threads of torch's own OpenMP pool (the library links
+    the libgomp that torch loaded: one team of threads per process, see README).
 
 Each output is one chain of fused multiply-adds over k in order, whatever the number of rows: a row's result is
 bit for bit the same alone or in a tree of 16 (the step's numerics do not depend on its width). The order differs
@@ -102,16 +102,18 @@ static void panels(const float *x, long m, long k, const float *p, long n, const
     }
 }
 
-/* y [m, n] = x [m, k] @ w.T + bias, w given as panels [ceil(n / NB)][k][NB]; bias may be NULL */
-void panel_mm(const float *x, long m, long k, const float *p, long n, const float *bias, float *y) {
+/* y [m, n] = x [m, k] @ w.T + bias, w given as panels [ceil(n / NB)][k][NB]; bias may be NULL; on `threads`
+   threads (torch's setting: an OpenMP thread's own default may differ) */
+void panel_mm(const float *x, long m, long k, const float *p, long n, const float *bias, float *y, int threads) {
     long count = (n + NB - 1) / NB;
 #ifdef _OPENMP
-    #pragma omp parallel if (count > 1 && m * k * n >= 65536)
+    #pragma omp parallel num_threads(threads) if (threads > 1 && count > 1 && m * k * n >= 65536)
     {
         long t = omp_get_thread_num(), T = omp_get_num_threads();
         panels(x, m, k, p, n, bias, y, count * t / T, count * (t + 1) / T);
     }
 #else
+    (void)threads;
     panels(x, m, k, p, n, bias, y, 0, count);
 #endif
 }
@@ -183,7 +185,7 @@ def library() -> ctypes.CDLL | None:
             try:
                 lib = ctypes.CDLL(str(_build(cc, kernel_folder())))
                 lib.panel_mm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                                         ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+                                         ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
                 lib.panel_mm.restype = None
             except (OSError, subprocess.SubprocessError) as err:
                 log.warning("The panel kernel could not be built with %s (%s): fp32 steps run on oneDNN.", cc, err)
@@ -217,7 +219,7 @@ def panel_mm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
     y = torch.empty(m, n, dtype=torch.float32)
     if m:
         lib.panel_mm(x.data_ptr(), m, k, panels.data_ptr(), n, None if bias is None else bias.data_ptr(),
-                     y.data_ptr())
+                     y.data_ptr(), torch.get_num_threads())
     return y
 
 
