@@ -76,7 +76,8 @@ def main() -> None:
         weights = [[torch.randn(*SHAPES[name]) for name in LAYER] for _ in range(args.layers)]
         read = best_ms(lambda: [w.sum() for ws in weights for w in ws])
         mb = sum(w.numel() for ws in weights for w in ws) * 4 / 2**20
-        print(f"\n{args.layers} layers of distinct weights ({mb:.0f} MB), ms per pass; reading them only: {read:.1f} ms")
+        print(f"\n{args.layers} layers of distinct weights ({mb:.0f} MB), ms per pass; "
+              f"reading them only: {read:.1f} ms")
         print(f"{'kind':8} " + " ".join(f"{f'{m} rows':>9}" for m in rows))
         for kind in kinds:
             fns = [[layer(w, kind) for w in ws] for ws in weights]

@@ -32,6 +32,7 @@ from transformers.generation.streamers import BaseStreamer
 from rest_lsp.datastore import Datastore
 from rest_lsp.decoding import DecodeConfig, Decoder, sync_device
 from rest_lsp.drafts import SOURCE_NAMES, ContextLookup, OutputStore, Proposal, SuccessorTable, rest_drafts
+from rest_lsp.lean_llama import pick_packing
 from rest_lsp.model import load_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -183,8 +184,11 @@ def main() -> None:
         # "held" is the start the server's prompts hold back at a line start; these prompts are raw text that
         # holds nothing back, so it never applies here (bench_replay's rest-no-held ablates it)
         configs += [f"-{name}" for name in SOURCE_NAMES if name != "held"]
+    # fp32 configurations of a model loaded in float16-weights: the packing fp32 gets by default (our panel kernel,
+    # else oneDNN), not the loaded model's
+    fp32_packing = pick_packing(None, torch.float32, loaded.device)
     decoders = {c: Decoder(loaded, lean=c != "rest-transformers", static=False if c.endswith("-eager") else None,
-                           pack="fp16" if mode[c] == "fp16w" else "onednn" if c.endswith("-fp32") else None)
+                           pack="fp16" if mode[c] == "fp16w" else fp32_packing if c.endswith("-fp32") else None)
                 for c in configs}
     found = {}
     for d in decoders.values():  # this machine's step-cost curve, per engine

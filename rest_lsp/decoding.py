@@ -307,9 +307,8 @@ class Decoder:
         self.name = loaded.name
         # Until calibrate() has measured this machine: the constants measured on the reference machines.
         self.step_cost = (FLAT_STEP_COST if self.device.type == "cuda"
-                          else PANEL_CPU_STEP_COST if self.engine == "lean-panel"
-                          else PACKED_CPU_STEP_COST if self.engine == "lean-onednn"
-                          else FP16_CPU_STEP_COST if self.engine == "lean-fp16" else CPU_STEP_COST)
+                          else {"panel": PANEL_CPU_STEP_COST, "onednn": PACKED_CPU_STEP_COST,
+                                "fp16": FP16_CPU_STEP_COST}.get(packing, CPU_STEP_COST))
         self.calibration: Calibration | None = None
         self._pass_s: deque[float] = deque(maxlen=PASSES_KEPT)  # the last decoding passes' times (seconds)
         # What sources claim is not how often the model agrees: learned per (source, match length, depth) from

@@ -2,7 +2,7 @@
 same bit for bit whatever the number of rows beside it; the op under TorchScript; and without a compiler, oneDNN."""
 
 import logging
-from contextlib import nullcontext
+import warnings
 
 import pytest
 import torch
@@ -48,13 +48,15 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
 def test_the_op_runs_under_torchscript_as_in_python():
     torch.manual_seed(4)
     weight = torch.randn(40, 24)
-    layer = Matmul.of(weight, None, "panel")
+    bias = torch.randn(40)
+    layer = Matmul.of(weight, bias, "panel")
     assert isinstance(layer, PanelMatmul)
-    with pytest.warns(DeprecationWarning) if hasattr(torch.jit, "_script") else nullcontext():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated; it still runs here
         scripted = torch.jit.script(layer)
     x = torch.randn(3, 24)
-    assert torch.equal(scripted(x), layer(x))
-    assert torch.equal(layer(x), panel_matmul.panel_mm(x, panel_matmul.pack(weight), 40))
+    assert torch.equal(scripted(x), panel_matmul.panel_mm(x, panel_matmul.pack(weight), 40, bias))
+    torch.testing.assert_close(scripted(x), F.linear(x, weight, bias))
 
 
 @needs_kernel
@@ -64,6 +66,12 @@ def test_input_that_does_not_fit_the_panels_is_refused():
         panel_matmul.panel_mm(torch.randn(2, 9), panels, 16)
     with pytest.raises(ValueError, match="does not fit"):
         panel_matmul.panel_mm(torch.randn(2, 8, dtype=torch.float64), panels, 16)
+    with pytest.raises(ValueError, match="does not fit"):  # more outputs than the panels hold
+        panel_matmul.panel_mm(torch.randn(2, 8), panels, 17)
+    with pytest.raises(ValueError, match="does not fit"):  # a bias shorter than the outputs
+        panel_matmul.panel_mm(torch.randn(2, 8), panels, 16, torch.randn(15))
+    with pytest.raises(ValueError, match="does not fit"):  # panels that are not contiguous
+        panel_matmul.panel_mm(torch.randn(2, 8), panels.transpose(0, 1), 16)
 
 
 @needs_kernel
@@ -86,7 +94,8 @@ def test_without_a_compiler_the_step_runs_on_onednn_and_says_so_once(monkeypatch
         assert panel_matmul.library() is None
         assert not panel_matmul.available()
     assert [r.getMessage() for r in caplog.records] == [
-        "No C compiler here (CC, cc, gcc): fp32 steps run on oneDNN instead of rest-lsp's panel kernel."]
+        "No C compiler here (CC, cc, gcc): fp32 steps run without rest-lsp's panel kernel (on oneDNN where torch has "
+        "it)."]
     from rest_lsp.lean_llama import onednn_packs
 
     want = "onednn" if onednn_packs(torch.float32, torch.device("cpu")) else "none"
@@ -97,14 +106,16 @@ def test_without_a_compiler_the_step_runs_on_onednn_and_says_so_once(monkeypatch
 
 def test_a_compiler_that_fails_leaves_onednn_with_one_warning(monkeypatch, fresh_library, caplog, tmp_path):
     failing = tmp_path / "broken-cc"
-    failing.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'broken-cc: cannot compile' >&2\nexit 1\n")
+    failing.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\n"
+                       "echo 'broken-cc: error: cannot compile' >&2\necho 'compilation terminated.' >&2\nexit 1\n")
     failing.chmod(0o755)
     monkeypatch.setenv("CC", str(failing))
     with caplog.at_level(logging.WARNING, logger="rest_lsp.panel_matmul"):
         assert panel_matmul.library() is None
         assert panel_matmul.library() is None  # tried once
     assert [r.getMessage() for r in caplog.records] == [
-        f"The panel kernel could not be built with {failing} (broken-cc: cannot compile): fp32 steps run on oneDNN."]
+        f"The panel kernel could not be built with {failing} (broken-cc: error: cannot compile): fp32 steps run "
+        "without it (on oneDNN where torch has it)."]
     assert not any(fresh_library.glob("*.so"))
 
 
@@ -118,3 +129,12 @@ def test_the_kernel_is_built_once_and_kept(monkeypatch, fresh_library):
     stamp = built[0].stat().st_mtime_ns
     assert panel_matmul.library() is not None
     assert built[0].stat().st_mtime_ns == stamp  # loaded from the cache, not built again
+
+
+@needs_kernel
+def test_a_library_that_computes_wrong_results_is_not_used(monkeypatch, fresh_library, caplog):
+    """A miscompiled kernel must never reach the exact mode: the library is checked against F.linear first."""
+    monkeypatch.setattr(panel_matmul, "SOURCE", panel_matmul.SOURCE.replace("lo[i] += b * w0;", "lo[i] += b * w0 * 2;"))
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.panel_matmul"):
+        assert panel_matmul.library() is None
+    assert "its results differ from F.linear's" in caplog.text
