@@ -16,11 +16,12 @@ depend on has a kernel for this shape (llama.cpp's are for its quantized formats
     see README; a torch on another OpenMP runtime would get a second pool).
 
 Each output is one chain of fused multiply-adds over k in order, whatever the number of rows: a row's result is
-bit for bit the same alone or in a tree of 16 (the step's numerics do not depend on its width). The order differs
-from MKL's and oneDNN's, as theirs differ from each other: fp32 rounding, no more.
+bit for bit the same alone or in a tree of 16 (a step's matmuls do not round differently with its width). The
+order differs from MKL's and oneDNN's, as theirs differ from each other: fp32 rounding, no more.
 
-The kernel is C, compiled here on first use with the system's C compiler (`CC`, else cc or gcc) for this CPU and
-kept in the cache folder; with no compiler, or one that fails, `available()` is False and the step runs on oneDNN.
+The kernel is C, compiled here on first use with the system's C compiler (`CC`, else cc or gcc) for this CPU, kept
+in the cache folder and checked against F.linear before use; with no compiler, one that fails or a library that
+disagrees, `available()` is False and the step runs on oneDNN (where torch has it).
 The op is `torch.ops.rest_lsp.panel_mm`, so the TorchScript layer stack calls it like any other.
 """
 
