@@ -250,10 +250,11 @@ def panel_mm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
         raise RuntimeError("the panel kernel is not available on this machine")
     x = x.contiguous()
     m, k = x.shape
-    tensors = (x, panels) if bias is None else (x, panels, bias)
+    # called ~120 times a step: the checks stay cheap attribute reads (`is_cpu`, not a loop over `device.type`)
     if (x.dtype != torch.float32 or panels.dtype != torch.float32 or panels.dim() != 3 or panels.shape[1:] != (k, PANEL)
-            or panels.shape[0] * PANEL < n or not panels.is_contiguous() or any(t.device.type != "cpu" for t in tensors)
-            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() < n))):
+            or panels.shape[0] * PANEL < n or not panels.is_contiguous() or not (x.is_cpu and panels.is_cpu)
+            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() < n
+                                      or not bias.is_cpu))):
         raise ValueError(f"panel_mm: input [{m}, {k}] {x.dtype} does not fit panels {list(panels.shape)} "
                          f"{panels.dtype} for {n} outputs" + ("" if bias is None else f", bias [{bias.numel()}]"))
     y = torch.empty(m, n, dtype=torch.float32)  # [m, n]
