@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The VS Code extension: install its locked dependencies, compile, run its unit tests, package the .vsix.
 # Called by ./dev.sh test (so by .ci/run), before .ci/vscode-e2e.sh runs the .vsix in code-server; the Neovim
-# plugin is tested by pytest (tests/test_nvim.py).
+# plugin is tested by pytest (tests/editors/test_nvim.py).
 set -euo pipefail
 cd "$(dirname "$0")/../editors/vscode"
 

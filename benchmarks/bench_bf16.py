@@ -29,9 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_rest import completion_points, index_corpus, text_after_function  # noqa: E402
 
-from rest_lsp.decoding import DecodeConfig, Decoder  # noqa: E402
-from rest_lsp.drafts import NoDrafts, OutputStore, SuccessorTable, rest_drafts  # noqa: E402
-from rest_lsp.model import load_model  # noqa: E402
+from rest_lsp.engine.decoding import DecodeConfig, Decoder  # noqa: E402
+from rest_lsp.drafting.drafts import NoDrafts, OutputStore, SuccessorTable, rest_drafts  # noqa: E402
+from rest_lsp.engine.model import load_model  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 

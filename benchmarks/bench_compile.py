@@ -1,4 +1,4 @@
-"""Eager against torch.compile'd: one decoding step of the lean engine (rest_lsp/lean_llama.py), 1, 4 and 8 tokens.
+"""Eager against torch.compile'd: one decoding step of the lean engine (rest_lsp/engine/lean_llama.py), 1, 4 and 8 tokens.
 
     .venv/bin/python benchmarks/bench_compile.py                 # default model, inductor, dynamic shapes
     .venv/bin/python benchmarks/bench_compile.py --freezing      # inductor's weight freezing / prepacking
@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from rest_lsp.lean_llama import LeanLlama
-from rest_lsp.model import load_model
+from rest_lsp.engine.lean_llama import LeanLlama
+from rest_lsp.engine.model import load_model
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ def main() -> int:
                         help="a tree not indexed, for contexts that match only a few tokens")
     args = parser.parse_args()
 
-    from rest_lsp.model import load_tokenizer
+    from rest_lsp.engine.model import load_tokenizer
     tok = load_tokenizer(args.model)
     results: dict[str, float | int | str] = {"root": str(args.root), "tokenizer": tok.key}
     cache = Path(tempfile.mkdtemp(prefix="rest-lsp-bench-"))

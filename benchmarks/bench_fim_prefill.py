@@ -28,9 +28,9 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-import rest_lsp.completion as completion
-from rest_lsp.completion import CompletionService
-from rest_lsp.prompt import build_prompt, detect_fim
+import rest_lsp.service.completion as completion
+from rest_lsp.service.completion import CompletionService
+from rest_lsp.service.prompt import build_prompt, detect_fim
 from rest_lsp.settings import Settings
 
 QWEN_FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>"]
@@ -91,7 +91,7 @@ def tiny_fim_model(folder: Path) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rest_lsp.model import load_model
+    from rest_lsp.engine.model import load_model
 
     hf = load_model(None, "cpu", "float32").tokenizer.hf
     hf.add_special_tokens({"additional_special_tokens": QWEN_FIM})

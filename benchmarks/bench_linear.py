@@ -1,5 +1,5 @@
 """The linear layers of a step, timed for a few input rows: MKL (F.linear), oneDNN over weights packed once, and
-rest-lsp's panel kernel (rest_lsp/panel_matmul.py; the fp32 default on a CPU where a C compiler built it). The
+rest-lsp's panel kernel (rest_lsp/engine/panel_matmul.py; the fp32 default on a CPU where a C compiler built it). The
 shapes are the default model's (SmolLM2-135M): fused q/k/v, o, fused gate/up, down, and the LM head.
 
     .venv/bin/python benchmarks/bench_linear.py [--threads 2] [--rows 1,2,4,8,12,16,64,256] [--layers 30]
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rest_lsp.lean_llama import Matmul, onednn_packs, panel_packs
+from rest_lsp.engine.lean_llama import Matmul, onednn_packs, panel_packs
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576)}
 LAYER = ("qkv", "o", "gate_up", "down")

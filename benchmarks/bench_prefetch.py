@@ -8,7 +8,7 @@ Prints the latency of the answers by source (model = decoded, prefetch = compute
 """
 import statistics, sys, time
 from pathlib import Path
-from rest_lsp.completion import CompletionService
+from rest_lsp.service.completion import CompletionService
 from rest_lsp.settings import Settings
 
 src = Path(sys.argv[4] if len(sys.argv) > 4 else Path(__file__).resolve().parents[1] / "rest_lsp" / "scheduling.py").read_text()

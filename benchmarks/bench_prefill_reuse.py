@@ -18,8 +18,8 @@ import json
 import time
 from pathlib import Path
 
-import rest_lsp.completion as completion
-from rest_lsp.completion import CompletionService
+import rest_lsp.service.completion as completion
+from rest_lsp.service.completion import CompletionService
 from rest_lsp.settings import Settings
 
 FILES = ("json/decoder.py", "textwrap.py")

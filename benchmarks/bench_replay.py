@@ -61,7 +61,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.lsp_client import ServerSession, position_of, server_command, utf16_len  # noqa: E402
-from rest_lsp.drafts import SOURCE_NAMES  # noqa: E402
+from rest_lsp.drafting.drafts import SOURCE_NAMES  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 DEFAULT_CORPORA = (STDLIB / "json", STDLIB / "email", REPO / "rest_lsp")

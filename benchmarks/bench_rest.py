@@ -30,10 +30,10 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from rest_lsp.datastore import Datastore
-from rest_lsp.decoding import DecodeConfig, Decoder, sync_device
-from rest_lsp.drafts import SOURCE_NAMES, ContextLookup, OutputStore, Proposal, SuccessorTable, rest_drafts
-from rest_lsp.lean_llama import pick_packing
-from rest_lsp.model import load_model
+from rest_lsp.engine.decoding import DecodeConfig, Decoder, sync_device
+from rest_lsp.drafting.drafts import SOURCE_NAMES, ContextLookup, OutputStore, Proposal, SuccessorTable, rest_drafts
+from rest_lsp.engine.lean_llama import pick_packing
+from rest_lsp.engine.model import load_model
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -157,7 +157,7 @@ def main() -> None:
 
     loaded = load_model(args.model, args.device, args.dtype)
     tok, model = loaded.tokenizer, loaded.model
-    from rest_lsp.generation import default_budget
+    from rest_lsp.commands.generation import default_budget
 
     budget = default_budget(loaded) if args.budget is None else args.budget
     where = torch.cuda.get_device_name(loaded.device) if loaded.device.type == "cuda" else "CPU"

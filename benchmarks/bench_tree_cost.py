@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from rest_lsp.decoding import Decoder, sync_device
-from rest_lsp.draft_tree import build_tree
-from rest_lsp.model import load_model
+from rest_lsp.engine.decoding import Decoder, sync_device
+from rest_lsp.drafting.draft_tree import build_tree
+from rest_lsp.engine.model import load_model
 
 SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
 

@@ -29,7 +29,7 @@ shift $(( $# > 0 ? 1 : 0 ))
 if [ "$phase" = tests ] || [ "$phase" = all ]; then
   start=$(date +%s)
   REST_LSP_TEST_DEVICE=cuda $py -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/test_exactness.py tests/test_static_step.py "$@" 2>&1 | tee "$out/tests-cuda.log" | tail -25
+    tests/engine/test_exactness.py tests/engine/test_static_step.py "$@" 2>&1 | tee "$out/tests-cuda.log" | tail -25
   echo "tests: $(( $(date +%s) - start )) s"
 fi
 

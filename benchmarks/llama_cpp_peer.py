@@ -98,7 +98,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_rest import completion_points
 
-    from rest_lsp.model import DEFAULT_MODEL, load_tokenizer
+    from rest_lsp.engine.model import DEFAULT_MODEL, load_tokenizer
 
     gguf = args.gguf or DEFAULT_MODEL
     threads = args.threads or torch.get_num_threads()

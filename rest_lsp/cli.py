@@ -11,9 +11,9 @@ import sys
 
 SUBCOMMANDS = {
     # name: (module, help)
-    "generate": ("rest_lsp.generate_command", "continue a prompt with REST decoding and print the result"),
-    "index": ("rest_lsp.index_command", "build, update or query the persistent token index of a folder"),
-    "complete": ("rest_lsp.complete_command", "one completion at FILE:LINE:COL, as the server would give it"),
+    "generate": ("rest_lsp.commands.generate", "continue a prompt with REST decoding and print the result"),
+    "index": ("rest_lsp.commands.index", "build, update or query the persistent token index of a folder"),
+    "complete": ("rest_lsp.commands.complete", "one completion at FILE:LINE:COL, as the server would give it"),
 }
 
 

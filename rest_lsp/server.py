@@ -27,7 +27,7 @@ from pygls.workspace import TextDocument, Workspace
 
 from rest_lsp import __version__
 from rest_lsp import settings as settings_module
-from rest_lsp.completion import Completion, CompletionService
+from rest_lsp.service.completion import Completion, CompletionService
 from rest_lsp.settings import Settings
 
 log = logging.getLogger(__name__)

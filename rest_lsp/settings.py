@@ -141,7 +141,7 @@ def _check(name: str, value: Any) -> Any:
             raise ValueError(f"expected a list of gitignore patterns, got {value!r}.")
         return tuple(value)
     if name == "draft_exclude":
-        from rest_lsp.drafts import SOURCE_NAMES
+        from rest_lsp.drafting.drafts import SOURCE_NAMES
 
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -168,7 +168,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-lines", type=int, help="most lines per suggestion at a line start or block opener; "
                    "0 = as many as the time budgets allow (default: 1)")
     g.add_argument("--draft-budget", type=int, help="draft-tree nodes per step; 0 disables REST (default: 16)")
-    from rest_lsp.drafts import SOURCE_NAMES  # numpy only, as the settings' own check imports it
+    from rest_lsp.drafting.drafts import SOURCE_NAMES  # numpy only, as the settings' own check imports it
 
     g.add_argument("--draft-exclude", help=f"comma-separated draft sources to leave out: {', '.join(SOURCE_NAMES)} "
                    "(default: none)")

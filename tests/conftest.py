@@ -1,15 +1,21 @@
-"""Shared fixtures: tiny random models of two architectures, and the real default model (loaded once)."""
+"""Shared fixtures: tiny random models of two architectures, small real model folders for the service and server
+tests, and the real default model (loaded once)."""
 
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rest_lsp.model import LoadedModel
+from rest_lsp.engine.model import LoadedModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # support.py and step_gate.py, for every test folder
+from support import tiny_model_dirs  # noqa: E402
 
 # Tiny models run faster on one thread, and the suite shares its 2 cores with language-server subprocesses.
 torch.set_num_threads(1)
@@ -49,7 +55,7 @@ def tiny(request) -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def default_model() -> LoadedModel:
-    from rest_lsp.model import load_model
+    from rest_lsp.engine.model import load_model
 
     return load_model(None, str(TEST_DEVICE), "float32")
 
@@ -67,3 +73,10 @@ def tiny_folder(path: Path) -> Path:
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="w0", unk_token="[UNK]").save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(request) -> dict[str, Path]:
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    folder = cache.mkdir("rest-lsp-tiny-models") if cache else Path(tempfile.gettempdir()) / "rest-lsp-tiny-models"
+    return tiny_model_dirs(Path(folder))

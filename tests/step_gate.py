@@ -42,7 +42,7 @@ class StepGate:
         return gate
 
     def install(self, setattr_=setattr) -> None:
-        from rest_lsp.decoding import Decoder
+        from rest_lsp.engine.decoding import Decoder
 
         verify, generate = Decoder.verify, Decoder.generate
         gate = self

@@ -1,4 +1,4 @@
-"""The network guard of the offline tests (tests/test_offline.py).
+"""The network guard of the offline tests (tests/server/test_offline.py).
 
 Python imports `sitecustomize` at start-up from the first folder on sys.path that has one: a subprocess started
 with this folder on PYTHONPATH runs with every connection to an address outside this machine, and every name

@@ -6,8 +6,8 @@ test("server log records keep their level; the server's own timestamp and level 
   const reader = new ServerLogReader();
   assert.deepEqual(reader.line("2026-11-30 09:21:39,092 INFO rest_lsp.server: rest-lsp: model x ready on cpu."),
     { level: "info", text: "[server] rest_lsp.server: rest-lsp: model x ready on cpu." });
-  assert.deepEqual(reader.line("2026-11-30 09:21:40,001 WARNING rest_lsp.completion: slow"),
-    { level: "warn", text: "[server] rest_lsp.completion: slow" });
+  assert.deepEqual(reader.line("2026-11-30 09:21:40,001 WARNING rest_lsp.service.completion: slow"),
+    { level: "warn", text: "[server] rest_lsp.service.completion: slow" });
   assert.equal(reader.line("2026-11-30 09:21:41,000 DEBUG pygls: x").level, "debug");
   assert.equal(reader.line("2026-11-30 09:21:41,000 CRITICAL x: y").level, "error");
 });

@@ -18,7 +18,7 @@ except Exception as err:
     out["import_error"] = f"{type(err).__name__}: {err}"
     print(json.dumps(out)); sys.exit(0)
 try:
-    from rest_lsp import model
+    from rest_lsp.engine import model
     spec = model_spec or model.DEFAULT_MODEL
     out["model"] = spec
     out["default"] = not model_spec

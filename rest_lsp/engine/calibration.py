@@ -1,0 +1,367 @@
+"""What a decoding step costs on this machine: a measured cost curve, and a dtype the hardware runs natively.
+
+The cost curve says how long a step verifying k tokens takes relative to a plain (1-token) step. Tree sizing
+(`draft_tree.fit_to_cost`) follows it, so it must be the curve of THIS machine, model and dtype: measured once, in
+a few seconds, on a KV cache of its own, and kept as JSON under the cache folder.
+
+Safe to run in a background thread while the decoder serves: it never touches the decoder's KV cache. It does
+share the model's weights and the machine's cores, so the timings are only worth keeping when nothing else runs
+(the caller passes `should_stop` to abandon a measurement when a request arrives).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from rest_lsp.drafting.draft_tree import DraftTree, build_tree
+
+log = logging.getLogger(__name__)
+
+# Tree sizes (root + drafts) timed; cost_curve interpolates between them. 64 is the largest budget (CUDA).
+SIZES = (1, 2, 4, 6, 8, 12, 16, 32, 64)  # 6 and 12: fbgemm computes rows in blocks of 6
+CONTEXT = 384  # cached tokens under each step: a typical completion prompt
+REPEATS = 3  # medians of this many rounds, after one warm-up round
+MAX_SECONDS = 10.0  # no new round starts after this long (a round of SmolLM2-135M fp32 takes ~0.8 s on 2 idle cores)
+NOISE_LIMIT = 1.5  # rounds further apart than this (median over sizes of slowest / fastest) are not kept
+# Bumped when what is timed changes (e.g. a new step implementation): older files are then re-measured.
+# 2: the decoder's own step (lean engine or transformers), head included; 3: with no other thread of the process
+# holding OpenMP workers (before, a datastore's suffix sort in another thread could make libgomp stop spin-waiting,
+# which added the same wake-ups to every size and made the curve look flatter than it is: priority.py); 4: the lean
+# step with fewer small ops per layer (the norm as one kernel, one roll per rotation, attention's scale in the
+# query weights), which costs a tree less than one token in absolute terms; 5: the lean engine's layers run as
+# TorchScript on a CPU (a third less per step, and a steeper curve)
+METHOD = 5
+
+
+@dataclass
+class Calibration:
+    curve: list[float]  # curve[k]: relative cost of a step verifying k tokens; curve[0] unused, curve[1] == 1
+    ms: dict[int, float]  # measured median ms per tree size
+    source: str  # "measured" | "cache"
+    path: Path | None  # the cache file (None when not kept: unwritable, or timings from busy cores)
+
+
+class Interrupted(Exception):
+    """`should_stop` said so: the measurement was abandoned and nothing was kept."""
+
+
+# -- the key: which machine, model and dtype a curve belongs to ---------------------------------------------------
+def machine_name(device: torch.device) -> str:
+    """GPU name, or CPU model string, plus the torch thread count (both change the curve's shape)."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}; cuda {torch.version.cuda}"
+    cpu = _cpuinfo_field("model name") or platform.processor() or platform.machine()
+    return f"{cpu}; {torch.get_num_threads()} threads"
+
+
+def model_fingerprint(model: torch.nn.Module, name: str) -> str:
+    """The model's name plus a hash of its config: a different model at the same path gets its own curve."""
+    config = getattr(model, "config", None)
+    blob = config.to_json_string(use_diff=False) if config is not None else repr(model)
+    return f"{name}#{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def calibration_key(model: torch.nn.Module, name: str, device: torch.device, dtype: torch.dtype,
+                    engine: str = "transformers") -> dict:
+    return {
+        "method": METHOD,
+        "engine": engine,
+        "machine": machine_name(device),
+        "device": device.type,
+        "model": model_fingerprint(model, name),
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+    }
+
+
+def cache_file(cache_dir: Path, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cache_dir) / "calibration" / f"{digest}.json"
+
+
+# -- measuring -----------------------------------------------------------------------------------------------------
+def _test_tree(root: int, vocab: int, size: int) -> DraftTree:
+    """A branchy tree of `size` tokens (root + size-1 drafts): two children per node, as retrieval gives."""
+    a, b = root % vocab, (root + 1) % vocab
+    conts = [(tuple(a if (i >> k) & 1 else b for k in range(7)), 1.0) for i in range(128)]
+    tree = build_tree(root, conts, size - 1)
+    if len(tree) != size:  # 254 candidate nodes: any size up to 255 fits
+        raise ValueError(f"Cannot time a step of {size} tokens: at most 255 are supported.")
+    return tree
+
+
+def measure_step_times(
+    step_timer: Callable[[int], Callable[[DraftTree], None]],
+    vocab: int,
+    max_context: int,
+    sizes: Sequence[int] = SIZES,
+    context: int = CONTEXT,
+    repeats: int = REPEATS,
+    should_stop: Callable[[], bool] | None = None,
+    max_seconds: float = MAX_SECONDS,
+) -> dict[int, list[float]]:
+    """The ms of each measured round of a step verifying k tokens, for each k in `sizes`, each step on the same
+    cache of `context` tokens (`step_timer(context)` gives the decoder's own step over a cache of its own).
+
+    Sizes are interleaved within each round so that a busy moment of the machine hits all of them alike; the
+    first round warms up (kernel choice, allocations) and is dropped. Each size runs twice in a row and the second
+    step is timed, as in a decoding loop, where a step follows one of about its size (that alone did not make the
+    2-token step cost what it does in a loop: see MIN_DRAFT_COST). Rounds stop early past `max_seconds` (at least
+    one is measured): on cores shared with other work a long calibration only measures the neighbours.
+    Raises Interrupted when `should_stop()`.
+    """
+    start = time.perf_counter()
+    context = min(context, max_context - max(sizes) - 1)
+    run = step_timer(context)
+    trees = {k: _test_tree(1, vocab, k) for k in sizes}
+    times: dict[int, list[float]] = {k: [] for k in sizes}
+    for rnd in range(repeats + 1):
+        for k in sizes:
+            if should_stop is not None and should_stop():
+                raise Interrupted()
+            run(trees[k])  # settles: what a decoding loop's step finds
+            t0 = time.perf_counter()
+            run(trees[k])
+            elapsed = (time.perf_counter() - t0) * 1e3
+            if rnd:
+                times[k].append(elapsed)
+        if rnd and time.perf_counter() - start > max_seconds:
+            break
+    return times
+
+
+def medians(times: dict[int, list[float]]) -> dict[int, float]:
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def too_noisy(times: dict[int, list[float]], limit: float = NOISE_LIMIT) -> bool:
+    """Whether the rounds disagree so much that the cores were busy with other work: a typical size's slowest
+    round more than `limit` times its fastest. One round cannot tell, and is trusted."""
+    spreads = [max(v) / min(v) for v in times.values() if len(v) > 1]
+    return bool(spreads) and statistics.median(spreads) > limit
+
+
+# The least a step with drafts costs over a one-token step: more rows through every matmul, a tree mask, the walk.
+# Timed in a decoding loop on this CPU a 2-token step cost 1.06-1.17x one token, in both CPU modes, while the
+# interleaved calibration rounds put it at 0.97-1.01x: priced as free, a draft the model never accepts was still
+# drafted at the acceptance model's exploration bonus (3.5%), and an always-wrong source made REST 10-20% slower
+# than plain decoding.
+MIN_DRAFT_COST = 0.05
+
+
+def relative_curve(ms: dict[int, float]) -> dict[int, float]:
+    """Times relative to a 1-token step; a step with drafts at least 1 + MIN_DRAFT_COST.
+
+    A step over k tokens does all the work of a 1-token step and more, so a ratio under that is noise (on a GPU,
+    where the curve is flat, it would make a worthless draft look free). Between larger sizes the curve is NOT
+    made monotone: 2 tokens really can cost more than 4 (another kernel path; measurements.md), and fit_to_cost
+    compares every prefix, so it picks the cheaper larger tree by itself.
+    """
+    base = ms[1]
+    return {k: max(1.0 if k == 1 else 1.0 + MIN_DRAFT_COST, v / base) for k, v in sorted(ms.items())}
+
+
+# -- the cache file ------------------------------------------------------------------------------------------------
+def _valid_ms(raw) -> dict[int, float] | None:
+    if not isinstance(raw, dict):
+        return None
+    try:
+        ms = {int(k): float(v) for k, v in raw.items()}
+    except (TypeError, ValueError):
+        return None
+    if 1 not in ms or len(ms) < 2 or any(k < 1 or not math.isfinite(v) or v <= 0 for k, v in ms.items()):
+        return None
+    return ms
+
+
+def read_cached(path: Path, key: dict) -> dict[int, float] | None:
+    """The measured ms of a cache file that belongs to `key`; None (with one log line) if absent, corrupt or foreign."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):  # never measured here; a blocked folder is told on writing
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        log.warning("Calibration cache %s is unreadable (%s); measuring the step cost again.", path, err)
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        log.warning("Calibration cache %s belongs to another machine, model or dtype; measuring again.", path)
+        return None
+    ms = _valid_ms(data.get("ms"))
+    if ms is None:
+        log.warning("Calibration cache %s holds no valid timings; measuring the step cost again.", path)
+    return ms
+
+
+def write_cached(path: Path, key: dict, ms: dict[int, float]) -> bool:
+    """Atomically: a reader sees the old file or the whole new one."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"key": key, "ms": {str(k): v for k, v in sorted(ms.items())},
+                       "relative": {str(k): round(v, 4) for k, v in relative_curve(ms).items()}}, f, indent=1)
+        os.replace(tmp, path)
+        return True
+    except OSError as err:
+        log.warning("Could not keep the step-cost calibration in %s (%s); the next start measures again.", path, err)
+        return False
+
+
+def calibrate(
+    model: torch.nn.Module,
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    cache_dir: Path,
+    step_timer: Callable[[int], Callable[[DraftTree], None]],
+    engine: str = "transformers",
+    force: bool = False,
+    should_stop: Callable[[], bool] | None = None,
+    measure: bool = True,
+    **measure_kw,
+) -> Calibration | None:
+    """The cost curve of this machine, model, dtype and engine: from the cache file, else measured and saved
+    (with `measure=False`: None when there is no cache file to read)."""
+    from rest_lsp.engine.decoding import cost_curve  # here, not at the top: decoding imports this module
+
+    key = calibration_key(model, name, device, dtype, engine)
+    path = cache_file(cache_dir, key)
+    ms = None if force else read_cached(path, key)
+    source = "cache"
+    if ms is None and not measure:
+        return None
+    if ms is None:
+        vocab = int(getattr(model.config, "vocab_size", 1000))
+        max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+        times = measure_step_times(step_timer, vocab, max_context, should_stop=should_stop, **measure_kw)
+        ms, source = medians(times), "measured"
+        cut_short = min(map(len, times.values())) < measure_kw.get("repeats", REPEATS)
+        if cut_short or too_noisy(times):
+            # better than the constants of another machine for now, but not worth keeping: next start measures again
+            log.info("Step-cost timings %s (busy cores?); using them without keeping them.",
+                     "ran out of time" if cut_short else f"varied by more than {NOISE_LIMIT}x between rounds")
+            path = None
+        elif not write_cached(path, key, ms):
+            path = None
+    return Calibration(cost_curve(relative_curve(ms)), ms, source, path)
+
+
+def calibrate_when_idle(decoder, busy: Callable[[], bool], stopped: threading.Event, cache_dir: Path | None = None,
+                        attempts: int = 5, poll_s: float = 0.5) -> threading.Thread:
+    """Calibrate `decoder` in a daemon thread, only while `busy()` is False; returns the thread.
+
+    `busy` says True while a request is queued or decoding: a measurement it interrupts is thrown away and started
+    again once the decoder is idle, up to `attempts` times; until one completes the decoder keeps its built-in
+    curve. Setting `stopped` ends the thread within one step (join it before the process exits: a thread still
+    inside torch at exit can crash it). Errors are logged, never raised.
+    """
+
+    def run() -> None:
+        for _ in range(attempts):
+            while busy():
+                # polling: the owner's request queue has no "became idle" event to wait on
+                if stopped.wait(poll_s):
+                    return
+            if stopped.is_set():
+                return
+            try:
+                found = decoder.calibrate(cache_dir, should_stop=lambda: busy() or stopped.is_set())
+            except Interrupted:
+                continue
+            except Exception as err:  # noqa: BLE001 - a failed calibration must never take the server down
+                log.warning("Could not measure the step cost (%s); tree sizing keeps its built-in curve.", err)
+                return
+            log.info("Step cost (%s): %s", found.source,
+                     ", ".join(f"{k}: {v:.2f}x" for k, v in relative_curve(found.ms).items()))
+            return
+
+    thread = threading.Thread(target=run, name="rest-lsp-calibrate", daemon=True)
+    thread.start()
+    return thread
+
+
+# -- dtype by hardware ---------------------------------------------------------------------------------------------
+def _cpuinfo_field(name: str, text: str | None = None) -> str:
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+    for line in text.splitlines():
+        field, _, value = line.partition(":")
+        if field.strip() == name:
+            return value.strip()
+    return ""
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (x86 `flags`, ARM `Features`), from /proc/cpuinfo unless given its text."""
+    return set((_cpuinfo_field("flags", cpuinfo) or _cpuinfo_field("Features", cpuinfo)).split())
+
+
+def native_bf16(flags: Iterable[str] | None = None, capability: str | None = None) -> bool:
+    """Whether the CPU computes bfloat16 in hardware (AVX512-BF16, AMX-BF16, or ARM's BF16 extension).
+
+    Without it torch converts every bf16 operand to fp32 and back: slower than fp32 (here a 576x1536 linear on
+    one row took 5 ms in bf16 against 0.36 ms in fp32). `capability` is torch's CPU dispatch level; an x86 CPU
+    that torch does not run at AVX512 (e.g. ATEN_CPU_CAPABILITY=avx2) does not use those instructions.
+    """
+    flags = cpu_flags() if flags is None else set(flags)
+    if capability is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+    if flags & {"avx512_bf16", "amx_bf16"}:
+        return capability.upper().startswith(("AVX512", "AMX"))
+    return "bf16" in flags  # aarch64 (Graviton 3, Neoverse V1/V2, Apple M2+ report it here on Linux)
+
+
+def native_fp16(flags: Iterable[str] | None = None) -> bool:
+    """Whether the CPU computes float16 in hardware (AVX512-FP16, AMX-FP16, or ARM's FP16 arithmetic)."""
+    flags = cpu_flags() if flags is None else set(flags)
+    return bool(flags & {"avx512_fp16", "amx_fp16", "asimdhp"})
+
+
+def runnable_dtype(
+    device: torch.device,
+    wanted: torch.dtype,
+    flags: Iterable[str] | None = None,
+    capability: str | None = None,
+    cuda_bf16: bool | None = None,
+) -> tuple[torch.dtype, str | None]:
+    """(the dtype to run, a sentence for the user when it is not `wanted`).
+
+    A half dtype the hardware only emulates is slower than float32 and less exact, so float32 replaces it on a CPU;
+    a GPU without bfloat16 (before Ampere) runs float16 instead. `flags`, `capability` and `cuda_bf16` default to
+    this machine's.
+    """
+    if device.type == "cuda":
+        if wanted == torch.bfloat16:
+            ok = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16
+            if not ok:
+                return torch.float16, ("This GPU has no bfloat16 support, so rest-lsp runs the model in float16 "
+                                       "instead.")
+        return wanted, None
+    if device.type != "cpu":
+        return wanted, None
+    flags = cpu_flags() if flags is None else set(flags)
+    if wanted == torch.bfloat16 and not native_bf16(flags, capability):
+        return torch.float32, ("This CPU has no native bfloat16 (AVX512-BF16 or AMX), so rest-lsp runs the model "
+                               "in float32 instead: emulated bfloat16 would be slower.")
+    if wanted == torch.float16 and not native_fp16(flags):
+        hint = " (--dtype bfloat16 is native here)" if native_bf16(flags, capability) else ""
+        return torch.float32, ("This CPU has no native float16, so rest-lsp runs the model in float32 instead"
+                               f"{hint}: emulated float16 would be slower.")
+    return wanted, None

@@ -1,0 +1,770 @@
+"""REST decoding: draft a tree from retrieval, verify it in one forward pass, keep what the model agrees with.
+
+Invariant between steps: the KV cache holds every token of the sequence but the last one. A step feeds that last
+token (the tree's root) together with the draft tree; the root's logits judge the first draft level, each draft
+node's logits judge its children. With an empty tree a step is exactly one plain decoding step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from rest_lsp.drafting.acceptance import AcceptanceModel
+from rest_lsp.engine.calibration import Calibration, calibrate
+from rest_lsp.drafting.draft_tree import (DraftTree, build_tree, fit_to_cost, tree_attention_mask, tree_position_ids,
+                                  under_chain)
+from rest_lsp.drafting.drafts import DraftSource, Proposal, propose
+from rest_lsp.engine.lean_llama import KVCache, LeanLlama, unsupported
+from rest_lsp.engine.model import LoadedModel, ModelLoadError, cache_root, mode_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeConfig:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    # Most draft nodes per step; GPUs can afford 64.
+    budget: int = 16
+    seed: int | None = None
+    # Cut each tree to the size that pays for itself on the decoder's step-cost curve.
+    fit_to_cost: bool = True
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    steps: int  # forward passes after the prefill
+    prefill_ms: float
+    decode_ms: float
+    finish: str  # "length" | "eos" | "stopped"
+    prefill_tokens: int = 0  # tokens the prefill actually ran (less than the prompt when the cache was reused)
+    draft_ms: float = 0.0  # of decode_ms: retrieval and tree building, the price of drafting
+
+    @property
+    def tokens_per_step(self) -> float:
+        return len(self.tokens) / self.steps if self.steps else 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.decode_ms / len(self.tokens) if self.tokens else 0.0
+
+
+
+
+def cost_curve(measured: dict[int, float]) -> list[float]:
+    """Relative step cost for every tree size up to the largest measured one, interpolated linearly."""
+    sizes = sorted(measured)
+    curve = [0.0]
+    for k in range(1, sizes[-1] + 1):
+        hi = next(s for s in sizes if s >= k)
+        lo = max((s for s in sizes if s <= k), default=hi)
+        t = 0.0 if hi == lo else (k - lo) / (hi - lo)
+        curve.append(measured[lo] + t * (measured[hi] - measured[lo]))
+    return curve
+
+
+# Time of a step verifying k tokens relative to a plain step: fp32, 2-core AVX-512 CPU, 512-token context
+# (benchmarks/bench_tree_cost.py). A GPU verifies a few dozen tokens in about the time of one.
+CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.63, 24: 3.01, 32: 3.40, 48: 4.17, 64: 4.93})
+# The lean engine (its layers as TorchScript) on oneDNN's packed weights: fp32, 2-core AVX2 CPU, 384-token context,
+# SmolLM2-135M, the mean of two calibrate() runs (31-39 ms for one token).
+PACKED_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.07, 4: 1.28, 6: 1.43, 8: 1.46, 12: 1.6, 16: 1.98, 32: 2.85, 64: 4.9})
+# The same on fbgemm's fp16 weights (float16-weights; its kernels take rows in blocks of 6, and 6+ rows are
+# compute-bound on 2 AVX2 cores): 16-17 ms for one token, so the curve is steeper than oneDNN's fp32 one.
+FP16_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.28, 4: 1.41, 6: 1.64, 8: 2.02, 12: 2.52, 16: 3.06, 32: 5.3, 64: 9.4})
+# Our panel kernel (panel_matmul.py), fp32, same machine and model, one calibrate() run (41 ms for one token): the
+# rows' arithmetic hides under the weights' stream up to 12 rows (2 tiles of 6), so the curve is flat that far.
+PANEL_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.08, 4: 1.08, 6: 1.09, 8: 1.22, 12: 1.25, 16: 1.45, 32: 2.57, 64: 4.3})
+FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
+
+
+def sync_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _memo(logits_at: Callable[[int], torch.Tensor]) -> Callable[[int], torch.Tensor]:
+    """Logits at a node computed once, however often the walk and the learners ask."""
+    done: dict[int, torch.Tensor] = {}
+
+    def at(node: int) -> torch.Tensor:
+        if node not in done:
+            done[node] = logits_at(node)
+        return done[node]
+
+    return at
+
+
+def _restore_on_error(method):
+    """A pass that fails part-way (an out-of-memory in a middle layer, say) leaves cache layers of unequal length:
+    cut every layer back to the tokens the decoder knows it holds (or start over), so the next call is exact."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self._restore()
+            raise
+
+    return wrapper
+
+
+def _sliding_window(config) -> tuple[int | None, list[str] | None]:
+    """(window, per-layer attention types or None when every layer has the window); (None, None): no window."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None and not set(types) <= {"full_attention", "sliding_attention"}:
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        raise ModelLoadError(f"rest-lsp cannot decode models with {', '.join(unknown)} layers; pick another model.")
+    if not window or (types is not None and "sliding_attention" not in types):
+        return None, None
+    return int(window), (list(types) if types is not None else None)
+
+
+def _longrope_switch(config) -> int | None:
+    """The position from which a long-RoPE model (Phi-3) rotates with its long factors, else None."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type")) != "longrope":
+        return None
+    switch = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+    return int(switch) if switch else None
+
+
+def _outside_window(mask: torch.Tensor, positions: torch.Tensor, past: int, window: int) -> torch.Tensor:
+    """`mask` [1, 1, n, past+n] with every key `window` or more positions behind its query masked out."""
+    keys = torch.cat([torch.arange(past, device=positions.device), positions])  # [past+n]
+    far = positions[:, None] - keys[None, :] >= window  # [n, past+n]
+    return mask.masked_fill(far[None, None], torch.finfo(mask.dtype).min)
+
+
+def _cache_keyword(model) -> str:
+    """The forward argument that takes a cache: `cache` in recent transformers (5.24), `past_key_values` in earlier
+    5.x releases (5.17), which recent ones still accept with a warning. A model ignores the other name silently."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _cached_length(cache: DynamicCache | KVCache) -> int:
+    return cache.length if isinstance(cache, KVCache) else cache.get_seq_length()
+
+
+# The LM head reads its whole [V, H] weight per call (113 MB for SmolLM2 in fp32), so one call over up to this many
+# likely nodes costs about what two single-row calls do (fp32 GEMM, 2-core AVX2): a step expected to visit this
+# many nodes gets the likeliest ones in one call, the rest one by one as the walk reaches them.
+HEAD_BATCH = 8
+# Expected visited nodes (1 + expected accepted drafts) from which one batched call pays: on MKL (F.linear) 8 rows
+# cost 2.4x one row; on oneDNN's packed head 1.4x (benchmarks/bench_linear.py: 8.5 against 6.2 ms), so there a
+# walk expected to go past the root at all is cheaper batched.
+HEAD_BATCH_FROM = 2.5
+HEAD_BATCH_FROM_PACKED = 1.4
+# On fbgemm's fp16 head (float16-weights) rows come in blocks of 6: 6 rows cost 1.7x one row (3 rows 1.13x, 7 rows
+# 2.6x; 2.2 ms for one row here), so a walk expected to visit 1.7 nodes gets the likeliest 6 in one call.
+HEAD_BATCH_FP16 = 6
+HEAD_BATCH_FROM_FP16 = 1.7
+# On our panel kernel 12 rows cost 1.16x one row (7.2 against 6.2 ms): the head reads its weight once for two
+# tiles of 6 rows, so any walk expected to go past the root gets the likeliest 12 in one call.
+HEAD_BATCH_PANEL = 12
+HEAD_BATCH_FROM_PANEL = 1.1
+# A node the walk reaches outside that call comes with the likeliest nodes below it (the walk that got there goes
+# on there) in as many rows as cost what one row does: 6 on our panel kernel (one tile), 4 on oneDNN's packed fp32
+# head (7.5 ms against 7.8 for one row here, the 113 MB weight read either way), 3 on fbgemm's fp16 one; one by one
+# on MKL, where rows cost more.
+MISS_ROWS = {"panel": 6, "onednn": 4, "fp16": 3}
+
+
+def below(tree: DraftTree, node: int, rows: int, skip) -> list[int]:
+    """Up to `rows` nodes under `node` (not in `skip`), likeliest first."""
+    if rows <= 0 or len(tree.shares) != len(tree):
+        return []
+    under = [False] * len(tree)
+    under[node] = True
+    found = []
+    for i in range(node + 1, len(tree)):  # parents come first
+        if under[tree.parents[i]]:
+            under[i] = True
+            if i not in skip:
+                found.append(i)
+    return sorted(found, key=lambda i: -tree.shares[i])[:rows]
+
+
+def likely_nodes(tree: DraftTree, batch_from: float, rows: int = HEAD_BATCH) -> list[int]:
+    """The nodes worth one batched head call: the `rows` likeliest (root first) when the walk is expected to
+    visit at least `batch_from` nodes, else none."""
+    if len(tree) == 1 or len(tree.shares) != len(tree):
+        return []
+    if 1.0 + sum(tree.shares[1:]) < batch_from:
+        return []
+    return sorted(range(len(tree)), key=lambda i: -tree.shares[i])[:rows]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+# Tokens per prefill pass: a long prompt can be given up between passes (a request cancelled meanwhile).
+PREFILL_CHUNK = 256
+# An uncached prompt tail up to this long (what an editor's keystrokes or a new line add to the last request's
+# prompt) is computed in the first verification step's pass instead of a prefill pass of its own: one pass less
+# per request, and a multi-row pass costs far less than two (lean engine).
+CHAIN_TAIL = 64
+PASSES_KEPT = 32  # decoding passes whose times say how long the shortest takes on this machine now
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """A decoder's cache taken out of it (`Decoder.detach_cache`): opaque to its keeper, put back with
+    `attach_cache`. `fields` holds whatever `reset()` clears, so a state always comes back whole."""
+
+    fields: tuple
+    tokens: tuple[int, ...]  # the tokens whose KV it holds, in order
+    nbytes: int
+
+
+def _tensor_bytes(obj, seen: set[int] | None = None, depth: int = 4) -> int:
+    """Bytes of the tensor storage reachable from `obj` (a cache object of any shape: layers, lists, dicts), each
+    storage once: a cropped layer is a view that still holds its whole storage."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    if depth == 0 or obj is None or isinstance(obj, (int, float, str, bool)):
+        return 0
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        items = obj
+    elif hasattr(obj, "__dict__"):
+        items = vars(obj).values()
+    else:
+        return 0
+    return sum(_tensor_bytes(item, seen, depth - 1) for item in items)
+
+
+class Decoder:
+    """Runs one model; keeps the KV cache of its last sequence so the next prompt pays only for what changed."""
+
+    def __init__(self, loaded: LoadedModel, acceptance: AcceptanceModel | None = None, lean: bool = True,
+                 static: bool | None = None, pack: str | None = None):
+        self.model = loaded.model
+        self.device = loaded.device
+        self.dtype = next(loaded.model.parameters()).dtype
+        self.eos = loaded.eos_token_ids
+        self.max_context = loaded.max_context
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        # Sliding-window layers: the cache keeps every key (full layers) and the tree mask applies the window,
+        # because a windowed cache layer can neither be cropped past the window nor take a tree mask.
+        self.window, self.layer_types = _sliding_window(self.model.config)
+        # Long RoPE switches every key's rotation once a pass reaches this position: the cache is recomputed
+        # then (as transformers' generate does) and no tree straddles it.
+        self.rope_switch = _longrope_switch(self.model.config)
+        self._rope_long: bool | None = None  # the rotation of the cached keys
+        self._cache: DynamicCache | None = None
+        self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
+        self.body, self.head = self._split_head()
+        self._cache_kw = _cache_keyword(self.model)
+        # Llama-family models run on our own forward and KV cache (a flat, cheap step); others on transformers'.
+        self.lean_unsupported = (
+            "turned off" if not lean
+            else "the LM head does not split off" if self.head is None
+            else "sliding windows or long RoPE" if self.window is not None or self.rope_switch is not None
+            else unsupported(self.model)
+        )
+        # static: verification steps padded to fixed shapes, replayed from CUDA graphs on a GPU (None: on a GPU);
+        # pack: the weights' packing (None: the loaded model's, else the engine's own choice)
+        pack = pack if pack is not None else loaded.packing
+        if pack == "fp16" and self.lean_unsupported is not None:
+            log.warning("float16-weights runs on the lean engine only (here: %s); this model runs in float32.",
+                        self.lean_unsupported)
+        self.lean = (LeanLlama(self.model, self.max_context, pack=pack, static=static)
+                     if self.lean_unsupported is None else None)
+        self.logits = self.lean.head if self.lean is not None else self.head  # hidden [n, H] -> [n, V]
+        packing = self.lean.packing if self.lean is not None else "none"
+        self.head_batch_from, self.head_batch = {"panel": (HEAD_BATCH_FROM_PANEL, HEAD_BATCH_PANEL),
+                                                 "onednn": (HEAD_BATCH_FROM_PACKED, HEAD_BATCH),
+                                                 "fp16": (HEAD_BATCH_FROM_FP16, HEAD_BATCH_FP16)}.get(
+                                                     packing, (HEAD_BATCH_FROM, HEAD_BATCH))
+        self.miss_rows = MISS_ROWS.get(packing, 1)
+        self.name = loaded.name
+        # Until calibrate() has measured this machine: the constants measured on the reference machines.
+        self.step_cost = (FLAT_STEP_COST if self.device.type == "cuda"
+                          else {"panel": PANEL_CPU_STEP_COST, "onednn": PACKED_CPU_STEP_COST,
+                                "fp16": FP16_CPU_STEP_COST}.get(packing, CPU_STEP_COST))
+        self.calibration: Calibration | None = None
+        self._pass_s: deque[float] = deque(maxlen=PASSES_KEPT)  # the last decoding passes' times (seconds)
+        # What sources claim is not how often the model agrees: learned per (source, match length, depth) from
+        # every walk, for as long as the decoder lives (and longer, when its owner saves it).
+        self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
+
+    @torch.inference_mode()
+    def _split_head(self):
+        """(transformer body, LM head) when logits are just head(hidden), else (None, None).
+
+        A step needs logits only at the nodes its walk visits (a few of 17+), and on a CPU the head over a 49k
+        vocabulary is a fifth of a tree step. Models that scale or soft-cap their logits fail the check and keep
+        the full forward.
+        """
+        body, head = self.model.get_decoder(), self.model.get_output_embeddings()
+        if body is None or head is None:
+            return None, None
+        ids = torch.tensor([[0, 1, 2]], device=self.device)  # [1, 3]
+        try:
+            hidden = body(input_ids=ids, use_cache=False).last_hidden_state  # [1, 3, H]
+            same = torch.equal(head(hidden), self.model(input_ids=ids, use_cache=False).logits)
+        except (TypeError, AttributeError):
+            return None, None
+        return (body, head) if same else (None, None)
+
+    @property
+    def chain_tail(self) -> int:
+        """The longest uncached prompt tail a step's pass computes under its tree (only the lean engine chains)."""
+        return CHAIN_TAIL if self.lean is not None else 0
+
+    def shortest_pass_s(self) -> float | None:
+        """The shortest of the last decoding passes, head and walk included (seconds): what any pass takes at least;
+        None before the first."""
+        return min(self._pass_s) if self._pass_s else None
+
+    def calibrate(self, cache_dir: Path | None = None, force: bool = False,
+                  should_stop: Callable[[], bool] | None = None, measure: bool = True,
+                  **measure_kw) -> Calibration | None:
+        """Measure (or read from the cache folder) this machine's step-cost curve; tree sizing uses it from the
+        next step on, on CPU and CUDA alike. `measure=False` only reads it (None, and no change, when it was never
+        measured here): what a server does at start, when every core is the first request's.
+
+        Safe in a background thread while this decoder serves: it times steps on a KV cache of its own and only
+        swaps `step_cost` at the end. Run it while the decoder is idle, though: the timings of a step that shares
+        the cores with a request are worthless; pass `should_stop` (checked between steps) to abandon it, which
+        raises calibration.Interrupted and keeps the previous curve.
+        """
+        found = calibrate(self.model, self.name, self.device, self.dtype,
+                          cache_root() if cache_dir is None else cache_dir, self.step_timer,
+                          engine=self.engine, force=force, should_stop=should_stop, measure=measure,
+                          **measure_kw)
+        if found is not None:
+            self.step_cost, self.calibration = found.curve, found
+        return found
+
+    @property
+    def mode(self) -> str:
+        """The numerics this decoder's outputs follow ("float32" is the exact mode)."""
+        return mode_name(self.dtype, self.lean.packing if self.lean is not None else None)
+
+    @property
+    def engine(self) -> str:
+        if self.lean is None:
+            return "transformers"
+        if self.lean.graphs is not None:
+            return "lean-graphs"
+        packing = "" if self.lean.packing == "none" else f"-{self.lean.packing}"
+        return f"lean{packing}" + ("-static" if self.lean.static else "")
+
+    @torch.inference_mode()
+    def step_timer(self, context: int) -> Callable[[DraftTree], None]:
+        """run(tree): one verification step as `verify` runs it (the forward pass and the head over the nodes it
+        batches, or the root), on a KV cache of its own holding `context` tokens; the decoder's cache is never
+        touched, so this may run in another thread while the decoder serves."""
+        cache = self._new_cache()
+        prompt = torch.randint(0, self.vocab_size, (context,), generator=torch.Generator().manual_seed(0))  # [T]
+        if self.lean is not None:
+            self.lean.forward(prompt.to(self.device), torch.arange(context, device=self.device), cache)
+        else:
+            self.model(input_ids=prompt[None].to(self.device), **{self._cache_kw: cache}, use_cache=True,
+                       logits_to_keep=1)
+
+        @torch.inference_mode()
+        def run(tree: DraftTree) -> None:
+            logits_at = self._pass(cache, tree)
+            for node in likely_nodes(tree, self.head_batch_from, self.head_batch) or [0]:
+                logits_at(node)
+            sync_device(self.device)
+            if isinstance(cache, KVCache):
+                cache.crop(context)
+            else:
+                cache.crop(-len(tree))
+
+        return run
+
+    # -- cache ---------------------------------------------------------------------------------------------------
+    # What `reset()` clears, and so what a detached state carries.
+    _CACHE_FIELDS = ("_cache", "_cached", "_rope_long")
+
+    def reset(self) -> None:
+        """Forget the cached sequence: the next prompt is prefilled in full. A lean cache keeps its storage, and with
+        it the CUDA graphs captured on that storage (a new one would capture every bucket again)."""
+        if isinstance(self._cache, KVCache):
+            self._cache.crop(0)
+            self._cached, self._rope_long = [], None
+        else:
+            self._cache, self._cached, self._rope_long = None, [], None
+
+    def detach_cache(self) -> CacheState:
+        """Take the cache out (the decoder starts over empty) for a keeper to `attach_cache` later: a document
+        switched back to then pays only for what changed in it."""
+        state = CacheState(tuple(getattr(self, f) for f in self._CACHE_FIELDS), tuple(self._cached),
+                           self.cache_bytes())
+        self._cache = None  # the state takes the cache with it: a reset then starts a new one
+        self.reset()
+        return state
+
+    def attach_cache(self, state: CacheState) -> None:
+        """Make a detached cache the decoder's own again (the current one is dropped)."""
+        for name, value in zip(self._CACHE_FIELDS, state.fields):
+            setattr(self, name, value)
+
+    def cache_bytes(self) -> int:
+        """Memory the current cache holds."""
+        return _tensor_bytes(self._cache)
+
+    def holds(self, tokens: Sequence[int]) -> bool:
+        """Whether the cache starts with exactly `tokens` (a prefill of them would compute nothing)."""
+        return len(tokens) <= len(self._cached) and _common_prefix(self._cached, tokens) == len(tokens)
+
+    def _restore(self) -> None:
+        """Back to a consistent cache after a failed call: rows beyond `_cached` are dropped from every layer."""
+        try:
+            if self._cache is not None:
+                self._crop(len(self._cached))
+                return
+        except Exception:
+            pass
+        self.reset()
+
+    def _new_cache(self) -> DynamicCache | KVCache:
+        if self.lean is not None:
+            return self.lean.new_cache()
+        return DynamicCache() if self.window is not None else DynamicCache(config=self.model.config)
+
+    def _cache_length(self) -> int:
+        return _cached_length(self._cache)
+
+    def _crop(self, length: int) -> int:
+        """Keep the first `length` cached tokens in every layer; returns how many are kept (0 when a layer has
+        fewer than `length`: a damaged cache starts over)."""
+        if isinstance(self._cache, KVCache):
+            if self._cache.length < length:
+                self._cache, self._cached = self._new_cache(), []
+                return 0
+            self._cache.crop(length)
+            del self._cached[length:]
+            return length
+        layers = self._cache.layers
+        if any(layer.get_seq_length() < length for layer in layers):
+            self._cache, self._cached = self._new_cache(), []
+            return 0
+        for layer in layers:
+            if layer.get_seq_length() > length:
+                layer.crop(length - layer.get_seq_length())  # negative: tokens to remove
+        del self._cached[length:]
+        return length
+
+    def _long_rope(self, last_position: int) -> bool:
+        return self.rope_switch is not None and last_position >= self.rope_switch
+
+    def _match_rope(self, seq: Sequence[int]) -> None:
+        """Recompute the cache when the step's root needs the other rotation than the cached keys have."""
+        long = self._long_rope(len(seq) - 1)
+        if self.rope_switch is None or not self._cached or self._rope_long == long:
+            return
+        self.reset()
+        if long:  # a pass that reaches the root's position, so that it rotates with the long factors
+            self.prefill(seq)
+            self._crop(len(seq) - 1)
+        else:
+            self.prefill(seq[:-1])
+
+    def _usable(self, proposals: list[Proposal], seq_length: int) -> list[Proposal]:
+        """Proposals without any node holding an id outside the vocabulary (a datastore of another tokenizer) and,
+        for long RoPE, without nodes at or past the position where the rotation switches (one pass cannot hold
+        both rotations); a dropped node takes its descendants with it, a dropped `under` token the whole proposal."""
+        depth_limit = None
+        if self.rope_switch is not None and not self._long_rope(seq_length - 1):
+            depth_limit = self.rope_switch - seq_length
+        out = []
+        for prop in proposals:
+            if not all(0 <= t < self.vocab_size for t in prop.under) or (
+                    depth_limit is not None and len(prop.under) >= depth_limit):
+                continue
+            keep = [0 <= t < self.vocab_size for t in prop.tokens]
+            if depth_limit is not None:
+                depth: list[int] = []
+                for i, parent in enumerate(prop.parents):
+                    depth.append(len(prop.under) + 1 if parent < 0 else depth[parent] + 1)
+                    keep[i] = keep[i] and depth[i] <= depth_limit
+            prop = prop.kept(keep)
+            if len(prop):
+                out.append(prop)
+        return out
+
+    def _keep_rows(self, base: int, rows: list[int]) -> None:
+        """Move the KV rows base+rows[i] to base+i and drop everything after them."""
+        if isinstance(self._cache, KVCache):
+            self._cache.keep_rows(base, rows)
+            return
+        if rows != list(range(len(rows))):
+            src = torch.tensor(rows, device=self.device) + base
+            for layer in self._cache.layers:
+                # [B, H, S, D]: gather the accepted path into place
+                layer.keys[:, :, base : base + len(rows)] = layer.keys[:, :, src]
+                layer.values[:, :, base : base + len(rows)] = layer.values[:, :, src]
+        self._cache.crop(-(self._cache.get_seq_length() - base - len(rows)))
+
+    # -- model passes --------------------------------------------------------------------------------------------
+    @_restore_on_error
+    @torch.inference_mode()
+    def prefill(self, tokens: Sequence[int], stop: Callable[[], bool] | None = None,
+                chunk: int = PREFILL_CHUNK, leave: int = 0) -> int:
+        """Make the cache hold exactly `tokens`, reusing the longest common prefix. Returns tokens computed.
+
+        `stop` is asked between chunks of `chunk` tokens: a long prompt can be given up half-way (the cache
+        then holds the part computed so far). An uncached tail of at most `leave` tokens is left for the caller's
+        next pass (the cache then holds the common prefix only).
+        """
+        if self._cache is None:
+            self._cache = self._new_cache()
+            self._cached = []
+        keep = _common_prefix(self._cached, tokens)
+        long = self._long_rope(len(tokens) - 1)
+        if keep < len(tokens) and self.rope_switch is not None and self._rope_long != long:
+            keep = 0  # the kept keys were rotated with the other factors
+        keep = self._crop(keep)
+        if len(tokens) - keep <= leave:
+            return 0
+        # long RoPE rotates a pass by its last position: one pass, so that all keys rotate alike
+        size = max(1, chunk) if self.rope_switch is None else max(1, len(tokens))
+        for start in range(keep, len(tokens), size):
+            if stop is not None and stop():
+                break
+            part = list(tokens[start : start + size])
+            ids = torch.tensor(part, device=self.device)  # [T]
+            pos = torch.arange(start, start + len(part), device=self.device)  # [T]
+            if self.lean is not None:
+                self.lean.forward(ids, pos, self._cache)
+            else:
+                self.model(input_ids=ids[None], position_ids=pos[None], **{self._cache_kw: self._cache}, use_cache=True,
+                           logits_to_keep=1)
+            self._cached.extend(part)
+            self._rope_long = long
+        return len(self._cached) - keep
+
+    @_restore_on_error
+    @torch.inference_mode()
+    def verify(self, tree: DraftTree, chain: Sequence[int] = ()) -> Callable[[int], torch.Tensor]:
+        """One forward pass over the root and all drafts on top of the cache; with a `chain` (lean engine), over
+        those uncached tokens first, the tree's root following them.
+
+        Returns logits_at(node) -> [V] fp32, computed on demand when the head can be split off.
+        """
+        return self._pass(self._cache, tree, chain)
+
+    def _pass(self, cache: DynamicCache | KVCache, tree: DraftTree,
+              chain: Sequence[int] = ()) -> Callable[[int], torch.Tensor]:
+        past = _cached_length(cache)
+        if self.lean is not None:
+            whole = under_chain(tree, chain)
+            ids = torch.tensor(whole.tokens, device=self.device)  # [k+n+1]
+            pos = torch.tensor(whole.depths, device=self.device) + past  # [k+n+1]
+            mask = None if len(whole) == 1 else tree_attention_mask(whole, 0, self.dtype, self.device)[0, 0]
+            return self._head_at(tree, self.lean.step(ids, pos, cache, mask)[len(chain):])  # [n+1, H]
+        if chain:
+            raise ValueError("a chained step runs on the lean engine only")
+        ids = torch.tensor([tree.tokens], device=self.device)  # [1, n+1]
+        pos = tree_position_ids(tree, past, self.device)  # [1, n+1]
+        kwargs = dict(input_ids=ids, position_ids=pos, use_cache=True, **{self._cache_kw: cache})
+        if len(tree) > 1 or self.window is not None:
+            # a lone root on a full cache is a plain step: one query sees the whole cache, no mask to build
+            kwargs["attention_mask"] = self._tree_mask(tree, past)  # [1, 1, n+1, past+n+1] (per layer type with windows)
+        if self.body is None:
+            logits = self.model(**kwargs).logits[0].float()  # [n+1, V]
+            return lambda node: logits[node]
+        return self._head_at(tree, self.body(**kwargs).last_hidden_state[0])  # [n+1, H]
+
+    def _head_at(self, tree: DraftTree, hidden: torch.Tensor) -> Callable[[int], torch.Tensor]:
+        """logits_at(node) -> [V] fp32 from hidden states [n+1, H]: the likeliest nodes in one head call when the
+        walk is expected to visit enough of them; any other node when the walk reaches it, with the likeliest nodes
+        below it in as many rows as cost one (`miss_rows`)."""
+        done: dict[int, torch.Tensor] = {}
+        rows = likely_nodes(tree, self.head_batch_from, self.head_batch)
+        if len(rows) > 1:
+            logits = self.logits(hidden[rows]).float()  # [k, V]
+            done = {node: logits[i] for i, node in enumerate(rows)}
+
+        @torch.inference_mode()
+        def logits_at(node: int) -> torch.Tensor:
+            if node not in done:
+                rows = [node] + below(tree, node, self.miss_rows - 1, done)
+                logits = self.logits(hidden[rows]).float()  # [k, V]
+                done.update((n, logits[i]) for i, n in enumerate(rows))
+            return done[node]
+
+        return logits_at
+
+    def _tree_mask(self, tree: DraftTree, past: int):
+        mask = tree_attention_mask(tree, past, self.dtype, self.device)  # [1, 1, n+1, past+n+1]
+        if self.window is None:
+            return mask
+        windowed = _outside_window(mask, tree_position_ids(tree, past, self.device)[0], past, self.window)
+        if self.layer_types is None:
+            return windowed
+        return {"full_attention": mask, "sliding_attention": windowed}  # the model picks one per layer
+
+    # -- acceptance ----------------------------------------------------------------------------------------------
+    def _choose(self, logits: torch.Tensor, config: DecodeConfig, gen: torch.Generator | None) -> int:
+        """The model's own token at one node: argmax, or ONE draw from its (top-p) distribution."""
+        if config.temperature <= 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / config.temperature, dim=-1)  # [V]
+        if config.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+            drop = torch.cumsum(sorted_p, dim=-1) - sorted_p >= config.top_p
+            sorted_p[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    def accept(
+        self,
+        tree: DraftTree,
+        logits_at: Callable[[int], torch.Tensor],
+        config: DecodeConfig,
+        gen: torch.Generator | None,
+    ) -> tuple[list[int], list[int]]:
+        """Walk from the root: at each node take the model's token; go on into the child holding it, else stop.
+
+        Returns (new tokens: the accepted drafts plus the model's own next token, node indices of the path).
+        Sampling draws once per visited node, so every emitted token is a draw from the model at its position.
+        """
+        kids = tree.children()
+        node, path, new = 0, [0], []
+        while True:
+            token = self._choose(logits_at(node), config, gen)
+            new.append(token)
+            child = kids[node].get(token)
+            if child is None or token in self.eos:
+                return new, path
+            node = child
+            path.append(node)
+
+    def _observe(self, tree: DraftTree, path: list[int], chosen: list[int]) -> None:
+        """Teach the acceptance model: every child of a node the walk reached was tried against the model's token
+        there (chosen[i] at path[i]); the one holding it was accepted."""
+        if len(tree) == 1:
+            return
+        kids = tree.children()
+        for node, token in zip(path, chosen):
+            for child_token, child in kids[node].items():
+                for key, ratio in tree.votes[child]:
+                    self.acceptance.observe(key, ratio, child_token == token)
+                if tree.chances:
+                    self.acceptance.observe_node(tree.chances[child], child_token == token)
+
+    @staticmethod
+    def _recycle(drafts: DraftSource, tree: DraftTree, path: list[int], logits_at) -> None:
+        """Hand the model's distribution after each visited token to sources that learn its habits (no extra pass:
+        the walk computed these logits already)."""
+        for node in path:
+            probs = torch.softmax(logits_at(node), dim=-1)  # [V]
+            top = torch.topk(probs, 8)
+            drafts.observe_successors(tree.tokens[node], top.indices.tolist(), top.values.tolist())
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+    @_restore_on_error
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt: Sequence[int],
+        drafts: DraftSource,
+        config: DecodeConfig,
+        should_stop: Callable[[list[int]], bool] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> DecodeResult:
+        if not prompt:
+            raise ValueError("The prompt is empty: there is nothing to continue.")
+        if len(prompt) + config.max_new_tokens + config.budget + 1 > self.max_context:
+            raise ValueError(
+                f"The prompt ({len(prompt)} tokens) plus {config.max_new_tokens} new tokens does not fit the "
+                f"model's context of {self.max_context} tokens."
+            )
+        gen = None
+        if config.temperature > 0 and config.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(config.seed)
+
+        t0 = time.perf_counter()
+        leave = self.chain_tail
+        computed = self.prefill(prompt[:-1], stop=cancelled, leave=leave)
+        chain = list(prompt[len(self._cached) : -1])  # computed in the first step's pass
+        sync_device(self.device)
+        t1 = time.perf_counter()
+        if len(chain) > leave:  # `cancelled` fired during the prefill
+            return DecodeResult([], 0, (t1 - t0) * 1e3, 0.0, "stopped", computed)
+
+        seq = list(prompt)
+        new: list[int] = []
+        steps, finish = 0, "length"
+        recycle = config.budget > 0 and getattr(drafts, "wants_successors", hasattr(drafts, "observe_successors"))
+        draft_s = 0.0
+        while len(new) < config.max_new_tokens:
+            if cancelled is not None and cancelled():  # before each step too, not only between prefill passes
+                finish = "stopped"
+                break
+            t_draft = time.perf_counter()
+            proposals = self._usable(propose(drafts, seq), len(seq)) if config.budget > 0 else []
+            tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
+            if config.fit_to_cost:
+                tree = fit_to_cost(tree, self.step_cost)
+            draft_s += time.perf_counter() - t_draft
+            self._match_rope(seq)
+            base = self._cache_length()
+            t_pass = time.perf_counter()
+            logits_at = _memo(self.verify(tree, chain))
+            computed += len(chain)
+            steps += 1
+            accepted, path = self.accept(tree, logits_at, config, gen)
+            self._pass_s.append(time.perf_counter() - t_pass)  # the walk read the logits: the device is done
+            self._observe(tree, path, accepted)
+            if recycle:
+                self._recycle(drafts, tree, path, logits_at)
+            accepted = accepted[: config.max_new_tokens - len(new)]
+            # the chain's rows, the root's and the accepted drafts' stay; the bonus token is the next root
+            k = len(chain)
+            self._keep_rows(base, list(range(k)) + [k + i for i in path[: len(accepted)]])
+            self._cached.extend(chain + seq[-1:] + [tree.tokens[i] for i in path[1 : len(accepted)]])
+            chain = []
+            seq.extend(accepted)
+            new.extend(accepted)
+            if any(t in self.eos for t in accepted):
+                finish = "eos"
+                break
+            if should_stop is not None and should_stop(new):
+                finish = "stopped"
+                break
+        sync_device(self.device)
+        t2 = time.perf_counter()
+        return DecodeResult(
+            tokens=new,
+            steps=steps,
+            prefill_ms=(t1 - t0) * 1e3,
+            decode_ms=(t2 - t1) * 1e3,
+            finish=finish,
+            prefill_tokens=computed,
+            draft_ms=draft_s * 1e3,
+        )

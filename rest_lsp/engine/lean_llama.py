@@ -1,0 +1,631 @@
+"""A decoding step that costs what the hardware needs, for Llama-family models (Llama, Qwen2, Mistral, SmolLM).
+
+Eager transformers pays per step for a DynamicCache that concatenates every layer's cache (a copy of the whole
+cache), a 4-D mask built per call and some fifteen small modules per layer. On a 2-core CPU that overhead is most of
+a 135M model's step. This module runs the same weights (the model's own tensors, not copies; q/k/v and gate/up
+fused into one matmul each, made once) over a KV cache of its own:
+
+  - pre-allocated per layer, grown in blocks, written in place; a step's accepted rows are gathered into place;
+  - attention for a 1-token step needs no mask; a tree step adds its [n, n] mask to the last n key columns only;
+  - RoPE angles computed once for every position, as transformers computes them;
+  - on a CPU the layers run as TorchScript (`LayerStack`): a small model's step is mostly ops of a few us, and
+    Python's own cost per op, as much again, goes (a 1-token step of SmolLM2-135M: 25 against 16 ms);
+  - on a CPU, in fp32, the matmuls run on oneDNN over weights reordered once into its layout (`Matmul`). MKL,
+    behind F.linear, runs one input row as a fast GEMV and 2+ rows as a GEMM that costs 2-4x as much; oneDNN's
+    packed kernel costs 1.2-2x for 2-16 rows, and less than MKL for one row and for prefill chunks
+    (benchmarks/bench_linear.py; a whole step: 1 token 52 ms, 8 tokens 1.5x, 16 tokens 2x, where MKL took 60 ms,
+    2.2x and 2.8x). The price: a second copy of the linear weights (the model's own stay for the transformers
+    path), 0.5 GB for SmolLM2-135M.
+
+Models it does not know (another attention, a soft-capped head, sliding windows, scaled RoPE) keep the
+transformers path: `unsupported(model)` says which. Numerics follow transformers' to rounding (RMSNorm in fp32,
+the same rotation bit for bit, the attention scale moved into the weights only where that is exact), so fp32
+outputs are token-identical to `model.generate` (the exactness tests).
+"""
+
+# no `from __future__ import annotations`: TorchScript reads the modules' attribute annotations as types
+import logging
+import math
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+KNOWN_TYPES = {"llama", "qwen2", "mistral"}
+CACHE_BLOCK = 512  # cache rows are allocated in blocks: growth copies rarely, and memory follows the sequence
+# Row counts a static step pads to: each is one CUDA graph per cache. A tree larger than the last runs eagerly.
+STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+GRAPHS_KEPT = 32  # captured graphs kept (least recently used dropped): buckets x caches x capacities in use
+
+
+def unsupported(model) -> str | None:
+    """Why this model cannot run lean (None: it can)."""
+    cfg = model.config
+    kind = getattr(cfg, "model_type", None)
+    if kind not in KNOWN_TYPES:
+        return f"model type {kind!r}"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) != "default":
+        return "scaled RoPE"
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", kind == "mistral"):
+        return "sliding-window attention"
+    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "mlp_bias", False):
+        return "an MLP other than SiLU-gated"
+    if getattr(cfg, "attention_bias", False) and kind == "llama":
+        return "biased attention output"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "tensor-parallel pretraining slices"
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or model.get_output_embeddings() is None:
+        return "no decoder layers or LM head where Llama keeps them"
+    return None
+
+
+def query_scale(head_dim: int) -> float | None:
+    """Attention's 1/sqrt(D) when it is a power of two (D = 4, 16, 64, 256...): multiplying the query weights by it
+    is exact, and so scores come out bit for bit as transformers' scaled ones; None otherwise."""
+    scale = head_dim**-0.5
+    return scale if math.frexp(scale)[0] == 0.5 else None
+
+
+def _rope_theta(cfg) -> float:
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+
+
+def onednn_packs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether Matmul can run on oneDNN's packed weights here (CPU, fp32, a torch built with oneDNN)."""
+    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def panel_packs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether Matmul can run on rest-lsp's own panel kernel here (CPU, fp32, a C compiler: panel_matmul.py)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    from rest_lsp.engine import panel_matmul
+
+    return panel_matmul.available()
+
+
+def fp16_packs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether Matmul can run on fbgemm's fp16 weights here (CPU, fp32 activations, a torch built with fbgemm)."""
+    return (device.type == "cpu" and dtype == torch.float32
+            and "fbgemm" in torch.backends.quantized.supported_engines
+            and hasattr(torch.ops.quantized, "linear_prepack_fp16")
+            and hasattr(torch.ops.quantized, "linear_dynamic_fp16"))
+
+
+PACKINGS = ("panel", "onednn", "fp16", "none")
+PACK_ROWS = 8  # the input rows oneDNN is told to expect when it picks the weight layout (a tree step's size)
+
+
+class Matmul(torch.nn.Module):
+    """x @ weight.T + bias, on a packed copy of the weight when there is one (`Matmul.of` picks the kind):
+    - "panel": rest-lsp's own kernel over fp32 panels (panel_matmul.py; exact: only the accumulation order differs
+      from F.linear, and it is the same for any number of rows);
+    - "onednn": oneDNN's layout of the fp32 weight (exact: only the accumulation order differs from F.linear);
+    - "fp16": fbgemm's fp16 copy, multiplied in fp32 (half the bytes a step streams; the weights round to fp16
+      once, so outputs differ from fp32's where the model is near a tie: the "float16-weights" mode).
+    A module, so that the layer stack can run as TorchScript (`LayerStack`)."""
+
+    packing = "none"
+
+    @staticmethod
+    @torch.no_grad()
+    def of(weight: torch.Tensor, bias: torch.Tensor | None, pack: str) -> "Matmul":
+        if pack == "panel":
+            from rest_lsp.engine import panel_matmul
+
+            return PanelMatmul(panel_matmul.pack(weight), weight.shape[0],
+                               None if bias is None else bias.detach().float().contiguous())
+        if pack == "onednn":
+            return OneDNNMatmul(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS), bias)
+        if pack == "fp16":
+            return Fp16Matmul(torch.ops.quantized.linear_prepack_fp16(weight.detach(),
+                                                                      None if bias is None else bias.detach()))
+        return PlainMatmul(weight, bias)
+
+
+class PlainMatmul(Matmul):
+    bias: Optional[torch.Tensor]
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight, self.bias = weight, bias  # [out, in], [out]: the model's own tensors
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
+        return F.linear(x, self.weight, self.bias)
+
+
+class PanelMatmul(Matmul):
+    packing = "panel"
+    bias: Optional[torch.Tensor]
+
+    def __init__(self, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None):
+        super().__init__()
+        self.panels, self.out_features, self.bias = panels, out_features, bias  # [N/16, K, 16], N, [N]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.rest_lsp.panel_mm(x, self.panels, self.out_features, self.bias)
+
+
+class OneDNNMatmul(Matmul):
+    packing = "onednn"
+    bias: Optional[torch.Tensor]
+
+    def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.packed, self.bias = packed, bias  # oneDNN's layout of the weight, made once
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scalars: List[Optional[Union[int, float, complex]]] = []
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", scalars, "")
+
+
+class Fp16Matmul(Matmul):
+    packing = "fp16"
+
+    def __init__(self, packed):
+        super().__init__()
+        self.packed = packed  # fbgemm's packed fp16 weight (and bias), made once
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), self.packed)
+
+
+def pick_packing(pack: str | bool | None, dtype: torch.dtype, device: torch.device) -> str:
+    """The packing a LeanLlama runs: None picks our panel kernel where it runs, else oneDNN where it packs (True
+    asks for oneDNN), False or "none" packs nothing; a packing this machine cannot run is a ValueError."""
+    if pack is None:
+        return "panel" if panel_packs(dtype, device) else "onednn" if onednn_packs(dtype, device) else "none"
+    name = {True: "onednn", False: "none"}.get(pack, pack)
+    if name not in PACKINGS:
+        raise ValueError(f"unknown packing {pack!r}: use one of {', '.join(PACKINGS)}")
+    runs = {"panel": panel_packs, "onednn": onednn_packs, "fp16": fp16_packs}.get(name)
+    if runs is not None and not runs(dtype, device):
+        raise ValueError(f"{name} cannot pack {dtype} weights on {device}")
+    return name
+
+
+@dataclass(frozen=True)
+class Norm:
+    """An RMSNorm's weight, and in fp32 the same weight twice (the layer-norm route of `LeanLlama._rms`)."""
+
+    weight: torch.Tensor  # [H], the model's own tensor
+    doubled: torch.Tensor | None  # [2H]
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> "Norm":
+        doubled = torch.cat([weight.detach(), weight.detach()]) if weight.dtype == torch.float32 else None
+        return cls(weight, doubled)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of x [n, H], as transformers computes it (to rounding)."""
+    if doubled is not None:
+        # fp32: RMSNorm is LayerNorm over [x, -x] (mean 0, the same mean square), one kernel where torch's
+        # rms_norm is six ops on a CPU (30 against 13 us a call here, 61 calls a step); the same to rounding
+        H = x.shape[-1]
+        return F.layer_norm(torch.cat([x, -x], dim=-1), [2 * H], doubled, None, eps)[:, :H]
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' x * cos + rotate_half(x) * sin, bit for bit: rotate_half(x) * sin is the two halves swapped
+    (one roll) times sin with its first half negated (`sin` here)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin
+
+
+class _Layer(torch.nn.Module):
+    """One decoder layer over one layer of a KVCache (a module so that the stack can run as TorchScript)."""
+
+    in_doubled: Optional[torch.Tensor]
+    post_doubled: Optional[torch.Tensor]
+
+    def __init__(self, norm_in: Norm, qkv: Matmul, o: Matmul, norm_post: Norm, gate_up: Matmul, down: Matmul,
+                 source: int, shape: tuple[int, int, int], eps: float, score_scale: float):
+        super().__init__()
+        self.in_weight, self.in_doubled = norm_in.weight, norm_in.doubled
+        self.qkv = qkv  # [(Hq + 2 Hkv) D, H], the query rows scaled by 1/sqrt(D) when that is exact
+        self.o = o  # [H, Hq D]
+        self.post_weight, self.post_doubled = norm_post.weight, norm_post.doubled
+        self.gate_up = gate_up  # [2 I, H]
+        self.down = down  # [H, I]
+        self.source = source  # where the model's q/k/v weights are (fused): built from them while they stay there
+        self.heads, self.kv_heads, self.head_dim = shape
+        self.eps = eps
+        self.score_scale = score_scale  # 1.0 where the query weights took the attention scale
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, rows: Optional[torch.Tensor], past: int, keys: int,
+                mask: Optional[torch.Tensor], mask_from: int) -> torch.Tensor:
+        """x [n, H] (updated in place and returned); cos, sin [1, n, D]; k_cache, v_cache [Hkv, capacity, D]. The n
+        tokens' keys and values go into cache rows `rows` [n] (None: past..past+n), attention reads rows [:keys],
+        and `mask` [n, keys - mask_from] is added to the scores of the key columns from `mask_from` on."""
+        n = x.shape[0]
+        Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
+        group = Hq // Hkv
+        h = rms_norm(x, self.in_weight, self.in_doubled, self.eps)
+        qkv = self.qkv(h)  # [n, (Hq + 2 Hkv) D]
+        heads = qkv.view(n, Hq + 2 * Hkv, D).transpose(0, 1)  # [Hq + 2 Hkv, n, D]
+        qk = rotate(heads[: Hq + Hkv], cos, sin)  # q and k heads in one rotation (fewer small ops)
+        q, k = qk[:Hq], qk[Hq:]  # [Hq, n, D], [Hkv, n, D]
+        if rows is None:
+            k_cache[:, past : past + n] = k
+            v_cache[:, past : past + n] = heads[Hq + Hkv :]
+        else:
+            k_cache.index_copy_(1, rows, k)
+            v_cache.index_copy_(1, rows, heads[Hq + Hkv :])
+        K, V = k_cache[:, :keys], v_cache[:, :keys]  # [Hkv, S, D]
+        # query heads grouped under their key head: no copy of the cache per query head
+        q = q.reshape(Hkv, group * n, D)
+        scores = torch.bmm(q, K.transpose(1, 2))  # [Hkv, group n, S]
+        if self.score_scale != 1.0:
+            scores *= self.score_scale
+        if mask is not None:
+            scores.view(Hkv, group, n, keys)[:, :, :, mask_from:].add_(mask)
+        if scores.dtype == torch.float32:
+            probs = torch.softmax(scores, dim=-1)
+        else:
+            probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+        out = torch.bmm(probs, V)  # [Hkv, group n, D]
+        out = out.view(Hq, n, D).transpose(0, 1).reshape(n, Hq * D)  # [n, Hq D]
+        x += self.o(out)  # x is the pass's own tensor (the embedding lookup copied it)
+        h = rms_norm(x, self.post_weight, self.post_doubled, self.eps)
+        gate_up = self.gate_up(h)  # [n, 2 I]
+        inner = gate_up.shape[1] // 2
+        x += self.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
+        return x
+
+
+class LayerStack(torch.nn.Module):
+    """Every decoder layer and the final norm: the hidden states [n, H] after the final norm.
+
+    On a CPU it runs as TorchScript: a step of a small model is some 25 small ops per layer at a few us of
+    arithmetic each, and eager mode pays as much again in Python per op (a 1-token step of SmolLM2-135M: 25 ms
+    eager, 16 ms scripted, the same ops and the same results bit for bit)."""
+
+    norm_doubled: Optional[torch.Tensor]
+
+    def __init__(self, layers: list[_Layer], norm: Norm, eps: float):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+        self.norm_weight, self.norm_doubled = norm.weight, norm.doubled
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                rows: Optional[torch.Tensor], past: int, keys: int, mask: Optional[torch.Tensor],
+                mask_from: int) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, k[i], v[i], rows, past, keys, mask, mask_from)
+        return rms_norm(x, self.norm_weight, self.norm_doubled, self.eps)  # [n, H]
+
+
+def scripted(stack: LayerStack) -> torch.jit.ScriptModule | None:
+    """The stack as TorchScript, run without the profiling executor's re-optimisations (the same ops as eager);
+    None where this torch cannot script it (then the stack runs eagerly)."""
+    try:
+        with warnings.catch_warnings():
+            # torch.jit is deprecated for torch.compile, which did not pay on this CPU (README); it still runs here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.script(stack)
+    except Exception as exc:  # noqa: BLE001 - any failure to script leaves the eager stack, which always works
+        log.warning("The decoder layers run in eager mode: TorchScript could not compile them (%s).",
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return None
+
+
+def _fused(linears, name: str) -> torch.Tensor:
+    """The `name` tensors of `linears` concatenated along dim 0; each module's parameter becomes a view into it."""
+    whole = torch.cat([getattr(m, name).detach() for m in linears]).contiguous()
+    start = 0
+    for m in linears:
+        rows = getattr(m, name).shape[0]
+        setattr(m, name, torch.nn.Parameter(whole[start : start + rows], requires_grad=False))
+        start += rows
+    return whole
+
+
+class KVCache:
+    """Keys and values of one sequence, every layer: [L, Hkv, capacity, D] each, the first `length` rows valid."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+        self.shape = (layers, kv_heads, 0, head_dim)
+        self.dtype, self.device = dtype, device
+        self.k = torch.empty(self.shape, dtype=dtype, device=device)
+        self.v = torch.empty(self.shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def reserve(self, rows: int) -> None:
+        """Room for `rows` rows; growing copies the valid rows once per block."""
+        if rows <= self.capacity:
+            return
+        cap = -(-rows // CACHE_BLOCK) * CACHE_BLOCK
+        L, Hkv, _, D = self.shape
+        # zeros, not empty: a static step reads every row (weighted 0 beyond the length), and 0 x NaN is NaN
+        k = torch.zeros((L, Hkv, cap, D), dtype=self.dtype, device=self.device)
+        v = torch.zeros((L, Hkv, cap, D), dtype=self.dtype, device=self.device)
+        k[:, :, : self.length] = self.k[:, :, : self.length]
+        v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def keep_rows(self, base: int, rows: list[int]) -> None:
+        """Rows base+rows[i] move to base+i (the accepted path of a tree step); everything after is dropped."""
+        if rows != list(range(len(rows))):
+            src = torch.tensor(rows, device=self.device) + base
+            end = base + len(rows)
+            self.k[:, :, base:end] = self.k[:, :, src]  # [L, Hkv, len(rows), D]
+            self.v[:, :, base:end] = self.v[:, :, src]
+        self.length = base + len(rows)
+
+
+class LeanLlama:
+    """The forward pass of a Llama-family model over a KVCache; returns hidden states (the head is the caller's)."""
+
+    def __init__(self, model, max_positions: int, pack: str | bool | None = None, static: bool | None = None,
+                 script: bool | None = None):
+        cfg = model.config
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.eps = cfg.rms_norm_eps
+        self.embed = model.get_input_embeddings().weight  # [V, H]
+        self.norm = Norm.of(model.model.norm.weight)
+        self.packing = pick_packing(pack, self.dtype, self.device)
+        scale = query_scale(self.head_dim)
+        # the attention scale, where the query weights could not take it exactly
+        self.score_scale = 1.0 if scale is not None else self.head_dim**-0.5
+        # Verification steps run static (see `step`) on a GPU, where launches cost more than the arithmetic; on a
+        # CPU the eager step reads only the valid rows, which is cheaper.
+        self.static = self.device.type == "cuda" if static is None else static
+        # The layers run as TorchScript on a CPU (Python costs as much as the small ops there); a GPU replays
+        # captured graphs of the eager stack instead.
+        script = self.device.type == "cpu" if script is None else script
+        # fused (and packed) once per model and shared by every LeanLlama over it (each Decoder builds one)
+        key = f"_lean_{self.packing}"
+        built = model.__dict__.get(key)  # (layers, head, {script: stack})
+        q = model.model.layers[0].self_attn.q_proj.weight
+        if built is None or built[0][0].source != q.data_ptr():  # never built, or moved/cast since
+            head = model.get_output_embeddings()
+            shape = (self.heads, self.kv_heads, self.head_dim)
+            layers = [self._fuse(layer, self.packing, shape, scale, self.eps, self.score_scale)
+                      for layer in model.model.layers]
+            built = model.__dict__[key] = (layers, Matmul.of(head.weight, head.bias, self.packing), {})
+        self.layers = built[0]
+        self.head = built[1]  # logits [n, V] from final hidden states [n, H]
+        stacks = built[2]
+        if script not in stacks:
+            stack = LayerStack(self.layers, self.norm, self.eps)
+            stacks[script] = (scripted(stack) if script else None) or stack
+        self.stack = stacks[script]
+        self.theta, self.max_positions = _rope_theta(cfg), max_positions
+        self._causal: torch.Tensor | None = None  # [n, n] additive causal mask, kept for the next prefill chunk
+        self.cos, self.sin = self._rope_table(min(max_positions, 2 * CACHE_BLOCK))  # [P, D] each, grown on demand
+        self.graphs = StepGraphs(self) if self.static and self.device.type == "cuda" else None
+        if self.static:  # a captured graph reads the table where it was: allocate it whole, once
+            self.cos, self.sin = self._rope_table(max_positions)
+
+    @property
+    def scripted(self) -> bool:
+        return isinstance(self.stack, torch.jit.ScriptModule)
+
+    @staticmethod
+    @torch.no_grad()
+    def _fuse(layer, pack: str, shape: tuple[int, int, int], scale: float | None, eps: float,
+              score_scale: float) -> _Layer:
+        """One matmul for q, k and v, one for gate and up. The modules' own weights become views into the fused
+        tensors, so the model holds its weights once and the transformers path keeps working on them. With a
+        `scale`, the matmul's query rows are a scaled copy: attention then needs no scaling op per layer."""
+        at, mlp = layer.self_attn, layer.mlp
+        q_rows = shape[0] * shape[2]
+        fused = getattr(layer, "_lean_fused", None)
+        if fused is None or fused[0].data_ptr() != at.q_proj.weight.data_ptr():
+            qkv = _fused([at.q_proj, at.k_proj, at.v_proj], "weight")
+            bias = _fused([at.q_proj, at.k_proj, at.v_proj], "bias") if at.q_proj.bias is not None else None
+            fused = layer.__dict__["_lean_fused"] = (qkv, bias, _fused([mlp.gate_proj, mlp.up_proj], "weight"))
+        qkv, bias, gate_up = fused
+        if scale is not None:
+            qkv, bias = qkv.clone(), None if bias is None else bias.clone()
+            qkv[:q_rows] *= scale
+            if bias is not None:
+                bias[:q_rows] *= scale
+        return _Layer(
+            norm_in=Norm.of(layer.input_layernorm.weight),
+            qkv=Matmul.of(qkv, bias, pack),
+            o=Matmul.of(at.o_proj.weight, None, pack),
+            norm_post=Norm.of(layer.post_attention_layernorm.weight),
+            gate_up=Matmul.of(gate_up, None, pack),
+            down=Matmul.of(mlp.down_proj.weight, None, pack),
+            source=fused[0].data_ptr(),
+            shape=shape,
+            eps=eps,
+            score_scale=score_scale,
+        )
+
+    def _rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # as transformers' default rotary embedding: fp32 angles, cos/sin cast to the model's dtype; sin's first half
+        # negated for `_rotate`
+        d = self.head_dim
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=self.device).float() / d))
+        pos = torch.arange(positions, device=self.device).float()
+        freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
+        sign = torch.ones(d, device=self.device)
+        sign[: d // 2] = -1
+        return emb.cos().to(self.dtype), (emb.sin() * sign).to(self.dtype)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
+
+    def _rms(self, x: torch.Tensor, norm: Norm) -> torch.Tensor:
+        return rms_norm(x, norm.weight, norm.doubled, self.eps)
+
+    _rotate = staticmethod(rotate)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """ids, positions [n]; tree_mask [n, n] additive (None: causal among the n new tokens). Appends the n
+        tokens' keys and values at cache.length and returns the last hidden states [n, H] after the final norm."""
+        n = ids.shape[0]
+        past = cache.length
+        total = past + n
+        cache.reserve(total)
+        if total > self.cos.shape[0]:
+            self.cos, self.sin = self._rope_table(max(total, min(self.max_positions, 2 * self.cos.shape[0])))
+        mask = self._mask(n, tree_mask)  # [n, n] over the new tokens only (every new token sees the whole cache)
+        hidden = self._layers(ids, positions, cache, slice(past, total), total, mask, past)
+        cache.length = total
+        return hidden
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, rows, keys: int,
+                mask: torch.Tensor | None, mask_from: int) -> torch.Tensor:
+        """The decoder layers over n new tokens: their keys and values go into cache rows `rows` (a slice, or a
+        [n] index tensor), attention reads rows [:keys], and `mask` [n, keys - mask_from] is added to the scores
+        of the key columns from `mask_from` on. Returns the hidden states [n, H] after the final norm."""
+        cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, n, D]
+        x = self.embed[ids]  # [n, H]
+        past, slots = (rows.start, None) if isinstance(rows, slice) else (0, rows)
+        # scripted, the ops as written: no re-optimisation per new shape (no effect on the Python stack)
+        with torch.jit.optimized_execution(False):
+            return self.stack(x, cos, sin, cache.k, cache.v, slots, past, keys, mask, mask_from)
+
+    # -- the static step -----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+             tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """A verification step: what `forward` computes, as a static step when `self.static` (the rows padded to
+        a bucket of STEP_BUCKETS, attention over the cache's whole capacity), which a GPU replays from a CUDA
+        graph: one launch instead of some twenty kernels per layer, each of which eager mode pays in Python."""
+        n = ids.shape[0]
+        bucket = next((b for b in STEP_BUCKETS if b >= n), None)
+        if not self.static or bucket is None:
+            return self.forward(ids, positions, cache, tree_mask)
+        past = cache.length
+        cache.reserve(past + bucket)  # the padding rows are written too, past the length, and weighted 0 later
+        mask = self._mask(n, tree_mask)
+
+        def fill(inputs: StepInputs) -> None:
+            inputs.fill(ids, positions, past, mask)
+
+        if self.graphs is not None:
+            hidden = self.graphs.replay(cache, bucket, fill)[:n].clone()  # the graph's output is overwritten next step
+        else:
+            inputs = StepInputs.empty(bucket, cache.capacity, self.dtype, self.device)
+            fill(inputs)
+            hidden = self._static(inputs, cache)[:n]
+        cache.length = past + n
+        return hidden
+
+    def _static(self, inputs: "StepInputs", cache: KVCache) -> torch.Tensor:
+        """The static step: every shape fixed by the bucket and the cache's capacity, no host-side decision."""
+        return self._layers(inputs.ids, inputs.positions, cache, inputs.slots, cache.capacity, inputs.mask, 0)
+
+    def _mask(self, n: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
+        if n == 1:
+            return None  # one query sees the whole cache
+        if tree_mask is not None:
+            return tree_mask
+        if self._causal is None or self._causal.shape[0] < n:  # prefill chunks: one buffer, sliced per chunk
+            self._causal = torch.full((n, n), torch.finfo(self.dtype).min, dtype=self.dtype,
+                                      device=self.device).triu_(1)
+        return self._causal[:n, :n]
+
+
+@dataclass
+class StepInputs:
+    """A static step's inputs, written in place before each step (a captured graph reads them where they are)."""
+
+    ids: torch.Tensor  # [b]
+    positions: torch.Tensor  # [b]
+    slots: torch.Tensor  # [b] the cache rows the b tokens' keys and values go to
+    mask: torch.Tensor  # [b, C] additive, over every row of the cache
+
+    @classmethod
+    def empty(cls, bucket: int, capacity: int, dtype: torch.dtype, device: torch.device) -> "StepInputs":
+        ids = torch.zeros(bucket, dtype=torch.long, device=device)
+        return cls(ids, ids.clone(), ids.clone(), torch.zeros(bucket, capacity, dtype=dtype, device=device))
+
+    def fill(self, ids: torch.Tensor, positions: torch.Tensor, past: int, mask: torch.Tensor | None) -> None:
+        """n real tokens at cache rows past.., then padding: token 0 at position 0, seeing the cached rows and
+        itself (a row that sees nothing would turn to NaN and write NaN keys into the cache)."""
+        n, bucket = ids.shape[0], self.ids.shape[0]
+        self.ids.zero_()
+        self.ids[:n] = ids
+        self.positions.zero_()
+        self.positions[:n] = positions
+        torch.arange(past, past + bucket, out=self.slots)
+        self.mask.fill_(torch.finfo(self.mask.dtype).min)
+        self.mask[:, :past] = 0
+        self.mask[:, past : past + bucket].fill_diagonal_(0)
+        if mask is not None:
+            self.mask[:n, past : past + n] = mask
+
+
+@dataclass
+class _Graph:
+    graph: "torch.cuda.CUDAGraph"
+    inputs: StepInputs
+    out: torch.Tensor  # [b, H]
+    cache: tuple[torch.Tensor, torch.Tensor]  # the storage the graph writes: alive while the graph may replay
+
+
+class StepGraphs:
+    """CUDA graphs of the static step, one per (cache storage, capacity, bucket), captured on first use.
+
+    A graph holds the addresses of the cache it was captured on, so a cache that grows (a new block) or another
+    document's cache gets graphs of its own; the least recently used are dropped past GRAPHS_KEPT."""
+
+    def __init__(self, lean: LeanLlama):
+        self.lean = lean
+        self.graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
+        self.captures = 0
+
+    def replay(self, cache: KVCache, bucket: int, fill: Callable[[StepInputs], None]) -> torch.Tensor:
+        key = (cache.k.data_ptr(), cache.capacity, bucket)
+        entry = self.graphs.get(key)
+        if entry is None:
+            inputs = StepInputs.empty(bucket, cache.capacity, self.lean.dtype, self.lean.device)
+            fill(inputs)
+            entry = self.graphs[key] = self._capture(cache, inputs)
+            while len(self.graphs) > GRAPHS_KEPT:
+                self.graphs.popitem(last=False)
+        else:
+            self.graphs.move_to_end(key)
+            fill(entry.inputs)
+        entry.graph.replay()
+        return entry.out
+
+    def _capture(self, cache: KVCache, inputs: StepInputs) -> _Graph:
+        device = self.lean.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the capture (cuBLAS handles, workspaces): the same step, twice
+            for _ in range(2):
+                self.lean._static(inputs, cache)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.lean._static(inputs, cache)
+        self.captures += 1
+        return _Graph(graph, inputs, out, (cache.k, cache.v))

@@ -1,0 +1,284 @@
+"""Load a causal LM and its tokenizer: a hub id, a local folder or a .gguf file.
+
+Nothing here ever touches the network: a hub id works only when it is already in the local Hugging Face cache.
+A .gguf file is dequantized once (slow) and the result is kept under the user's cache folder, so later loads
+read plain safetensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from rest_lsp.engine import saved_tokenizer
+from rest_lsp.errors import ModelLoadError
+from rest_lsp.engine.model_source import DEFAULT_GGUF_NAME, DEFAULT_MODEL, cache_root
+from rest_lsp.engine.model_source import gguf_cache_dir as _gguf_cache_dir
+from rest_lsp.engine.model_source import resolve as _resolve
+
+__all__ = ["DEFAULT_GGUF_NAME", "DEFAULT_MODEL", "LoadedModel", "ModelLoadError", "Tokenizer", "cache_root",
+           "load_model", "load_tokenizer"]
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# fp32 activations and arithmetic over fp16 copies of the linear weights (CPU, fbgemm): a step streams half the bytes
+# of fp32; the weights round to fp16 once, so it is not the exact mode (README, "float16-weights").
+FP16_WEIGHTS = "float16-weights"
+
+
+def mode_name(dtype: torch.dtype, packing: str | None) -> str:
+    """The numerics outputs depend on: "float32", "bfloat16", "float16" or "float16-weights"."""
+    return FP16_WEIGHTS if packing == "fp16" else str(dtype).removeprefix("torch.")
+
+
+@dataclass
+class Tokenizer:
+    """The model's fast tokenizer, as the rest of rest-lsp needs it: text <-> ids, no special tokens added."""
+
+    hf: object
+    key: str = field(init=False)
+    eos_token_ids: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        blob = backend.to_str() if backend is not None else repr(sorted(self.hf.get_vocab().items()))
+        self.key = saved_tokenizer.tokenizer_key(blob)
+        if self.hf.eos_token_id is not None:
+            self.eos_token_ids.add(int(self.hf.eos_token_id))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return [list(ids) for ids in self.hf(texts, add_special_tokens=False)["input_ids"]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: Tokenizer | None
+    device: torch.device
+    dtype: torch.dtype
+    name: str
+    notes: list[str] = field(default_factory=list)  # sentences for the user: what was chosen instead of what was asked
+    packing: str | None = None  # the lean engine's weight packing ("fp16": float16-weights); None: the engine's own
+
+    @property
+    def mode(self) -> str:
+        """The numerics asked for at load time (a model the lean engine cannot run stays fp32: Decoder.mode)."""
+        return mode_name(self.dtype, self.packing)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+        return ids
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ModelLoadError(f"Unknown device '{device}': use 'cpu', 'cuda' or 'auto'.") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"Device '{device}' was asked for, but CUDA is not available here; use --device cpu.")
+    return dev
+
+
+def pick_dtype(dtype: str | None, device: torch.device) -> tuple[torch.dtype, str | None]:
+    """(the dtype to run, a sentence for the user when it is not the one asked for).
+
+    auto: bf16 on CPUs that compute it in hardware (AVX512-BF16, AMX), for speed; fp32 elsewhere, where emulated
+    bf16 is slower than fp32, and on GPUs, where a step replayed from CUDA graphs is bound by its kernel count, not
+    its bytes: on an H200 the default model's REST step took 4.5 ms/token in fp32 and 5.2 in bf16, and bf16 changed
+    56% of greedy completions (README, "GPU"). float32 is the exact mode everywhere.
+    """
+    from rest_lsp.engine.calibration import native_bf16, runnable_dtype
+
+    if dtype in (None, "", "auto"):
+        return (torch.bfloat16 if device.type == "cpu" and native_bf16() else torch.float32), None
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)}, {FP16_WEIGHTS} or 'auto'.")
+    return runnable_dtype(device, DTYPES[dtype])
+
+
+@contextlib.contextmanager
+def _quiet():
+    # transformers prints progress bars and warnings on stdout/stderr; the CLI's --json and the LSP's stdio
+    # must stay clean.
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _from_pretrained(folder: str, gguf_file: str | None, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"local_files_only": True}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+    return model, tok
+
+
+def _load_gguf_cached(folder: str, gguf_file: str, dtype: torch.dtype):
+    cached = _gguf_cache_dir(folder, gguf_file)
+    if (cached / "config.json").is_file():
+        try:
+            return _from_pretrained(str(cached), None, dtype)
+        except Exception as err:  # a damaged cache is rebuilt, never fatal
+            log.warning("Cached conversion %s is unusable (%s); converting the .gguf again.", cached, err)
+    # a folder without config.json is a damaged conversion too; os.replace cannot write over it
+    shutil.rmtree(cached, ignore_errors=True)
+    model, tok = _from_pretrained(folder, gguf_file, torch.float32)
+    _keep_conversion(model, tok, cached)
+    return model.to(dtype), tok
+
+
+def _keep_conversion(model, tok, cached: Path) -> None:
+    """Save the dequantized model into `cached`, all or nothing; a failure only costs the next load a conversion."""
+    tmp = None
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
+        # The weights are already dequantized to fp32; only the gguf marker forbids saving them.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, cached)  # atomic: a reader sees the whole folder or none
+        tmp = None
+    except Exception as err:  # save_pretrained raises more than OSError (ValueError, RuntimeError, ...)
+        log.warning("Could not keep the converted model in %s (%s); the next load converts again.", cached, err)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load(spec: str | None, dtype: torch.dtype):
+    folder, gguf_file = _resolve(spec)
+    shown = spec or DEFAULT_MODEL
+    try:
+        with _quiet():
+            if gguf_file:
+                return _load_gguf_cached(folder, gguf_file, dtype)
+            return _from_pretrained(folder, None, dtype)
+    except ModelLoadError:
+        raise
+    except Exception as err:  # corrupt weights raise the safetensors library's own error type, among others
+        where = ".gguf file" if gguf_file else "local folder" if Path(folder).is_dir() else "cached hub model"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(
+            f"Could not load model '{shown}' as a {where} ({first[:200]}); "
+            "point --model at a local folder with config.json and weights, or at a .gguf file."
+        ) from err
+
+
+def load_tokenizer(spec: str | None = None) -> Tokenizer:
+    folder, gguf_file = _resolve(spec)
+    try:
+        with _quiet():
+            from transformers import AutoTokenizer
+
+            if gguf_file:
+                hf = _gguf_tokenizer(folder, gguf_file)
+            else:
+                hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as err:
+        raise ModelLoadError(
+            f"Could not load the tokenizer of '{spec or DEFAULT_MODEL}'; point --model at a local folder or .gguf file."
+        ) from err
+    saved_tokenizer.keep(spec, hf)
+    return Tokenizer(hf)
+
+
+def _gguf_tokenizer(folder: str, gguf_file: str):
+    """The tokenizer of a .gguf: from its conversion cache, else (missing or damaged there) from the file itself,
+    putting it back into the cache."""
+    from transformers import AutoTokenizer
+
+    cached = _gguf_cache_dir(folder, gguf_file)
+    if (cached / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
+        except Exception as err:
+            log.warning("Cached tokenizer in %s is unusable (%s); reading it from the .gguf again.", cached, err)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
+    if (cached / "config.json").is_file():  # a conversion whose tokenizer alone was damaged: repair it
+        try:
+            tok.save_pretrained(cached)
+        except Exception as err:
+            log.warning("Could not repair the cached tokenizer in %s (%s).", cached, err)
+    return tok
+
+
+def pick_weight_packing(dtype: str | None, device: torch.device, gguf: bool = False) -> tuple[str | None, str | None]:
+    """(the lean engine's weight packing, a sentence for the user when float16-weights cannot run here).
+
+    float16-weights when asked for, and by default for a .gguf model on a CPU that has no bf16 in hardware: a
+    GGUF's weights are quantized (4-8 bits in most files, as the default model's Q4_1) or half already, so their
+    fp16 copies round far below the quantization's own error, and a step streams half of fp32's bytes. Measured on
+    31 function starts (benchmarks/bench_bf16.py): REST in float16-weights wrote what plain decoding in that mode
+    writes 31/31 times, and what fp32 writes 28/31 times. `--dtype float32` is the exact mode.
+    """
+    from rest_lsp.engine.calibration import native_bf16
+    from rest_lsp.engine.lean_llama import fp16_packs
+
+    if dtype in (None, "", "auto"):
+        if gguf and device.type == "cpu" and not native_bf16() and fp16_packs(torch.float32, device):
+            return "fp16", None
+        return None, None
+    if dtype != FP16_WEIGHTS:
+        return None, None
+    if fp16_packs(torch.float32, device):
+        return "fp16", None
+    return None, (f"float16-weights runs on a CPU with a torch built with fbgemm, not on {device}: rest-lsp runs "
+                  "the model in float32 instead.")
+
+
+def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    dev = pick_device(device)
+    dt, dtype_note = pick_dtype("float32" if dtype == FP16_WEIGHTS else dtype, dev)
+    packing, note = None, None
+    if dt == torch.float32:  # float16-weights computes in fp32; a bf16 or fp16 model keeps its own weights
+        packing, note = pick_weight_packing(dtype, dev, gguf=_resolve(spec)[1] is not None)
+    note = note or dtype_note
+    if note:
+        log.warning(note)
+    model, tok = _load(spec, dt)
+    model.to(dev).eval()
+    saved_tokenizer.keep(spec, tok)
+    tokenizer = Tokenizer(tok)
+    return LoadedModel(model=model, tokenizer=tokenizer, device=dev, dtype=dt, name=spec or DEFAULT_MODEL,
+                       notes=[note] if note else [], packing=packing)

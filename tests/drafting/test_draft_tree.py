@@ -1,0 +1,138 @@
+import random
+
+import pytest
+import torch
+
+from rest_lsp.drafting.draft_tree import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+
+
+def test_shared_prefixes_become_one_node():
+    tree = build_tree(7, [((1, 2, 3), 2.0), ((1, 2, 4), 1.0), ((5,), 1.0)], budget=10)
+    assert tree.tokens[0] == 7 and tree.parents[0] == -1 and tree.depths[0] == 0
+    paths = set()
+    for i in range(1, len(tree)):
+        path, j = [], i
+        while j > 0:
+            path.append(tree.tokens[j])
+            j = tree.parents[j]
+        paths.add(tuple(reversed(path)))
+    assert paths == {(1,), (1, 2), (1, 2, 3), (1, 2, 4), (5,)}
+    assert len(tree) == 6  # root + 5 distinct prefixes
+
+
+def test_budget_keeps_heaviest_nodes_and_their_parents():
+    rnd = random.Random(1)
+    conts = [(tuple(rnd.randrange(4) for _ in range(rnd.randrange(1, 6))), float(rnd.randrange(1, 9))) for _ in range(40)]
+    full = build_tree(0, conts, budget=10_000)
+    weights = {}
+    for tokens, w in conts:
+        for k in range(1, len(tokens) + 1):
+            weights[tokens[:k]] = weights.get(tokens[:k], 0.0) + w
+    assert len(full) - 1 == len(weights)
+    for budget in (0, 1, 3, 8, 20):
+        tree = build_tree(0, conts, budget)
+        assert len(tree) - 1 == min(budget, len(weights))
+        kept = []
+        for i in range(1, len(tree)):
+            assert tree.parents[i] < i  # parents first: the ancestor mask depends on it
+            assert tree.depths[i] == tree.depths[tree.parents[i]] + 1
+            path, j = [], i
+            while j > 0:
+                path.append(tree.tokens[j])
+                j = tree.parents[j]
+            kept.append(tuple(reversed(path)))
+        # nothing left out outweighs the lightest node kept, unless its parent was left out too
+        lightest = min((weights[p] for p in kept), default=float("inf"))
+        for prefix, w in weights.items():
+            if prefix not in kept and (len(prefix) == 1 or prefix[:-1] in kept):
+                assert w <= lightest
+
+
+def brute_force_mask(parents, past):
+    n = len(parents)
+    allowed = [[True] * past + [False] * n for _ in range(n)]
+    for i in range(n):
+        j = i
+        while j >= 0:
+            allowed[i][past + j] = True
+            j = parents[j]
+    return torch.tensor(allowed)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_mask_and_positions_match_brute_force(seed):
+    rnd = random.Random(seed)
+    conts = [(tuple(rnd.randrange(3) for _ in range(rnd.randrange(1, 7))), 1.0) for _ in range(rnd.randrange(1, 15))]
+    tree = build_tree(5, conts, budget=rnd.randrange(1, 30))
+    past = rnd.randrange(0, 9)
+    mask = tree_attention_mask(tree, past, torch.float32)
+    assert mask.shape == (1, 1, len(tree), past + len(tree))
+    expect = brute_force_mask(tree.parents, past)
+    assert torch.equal(mask[0, 0] == 0, expect)
+    assert torch.all(mask[0, 0][~expect] == torch.finfo(torch.float32).min)
+    pos = tree_position_ids(tree, past)
+    for i in range(len(tree)):
+        depth, j = 0, i
+        while tree.parents[j] >= 0:
+            depth, j = depth + 1, tree.parents[j]
+        assert pos[0, i].item() == past + depth
+
+
+def test_fit_to_cost_keeps_the_prefix_that_pays_for_itself():
+    from rest_lsp.drafting.draft_tree import fit_to_cost
+
+    # one sure chain of 6 tokens and many unlikely singletons
+    conts = [((1, 2, 3, 4, 5, 6), 90.0)] + [((t,), 1.0) for t in range(10, 20)]
+    tree = build_tree(0, conts, budget=16)
+    assert tree.shares[0] == 1.0 and abs(tree.shares[1] - 0.9) < 1e-9
+    flat = fit_to_cost(tree, [0.0, 1.0, 1.0])
+    assert flat == tree  # verification is free: keep everything
+    steep = [0.0] + [1.0 + 0.5 * k for k in range(64)]
+    cut = fit_to_cost(tree, steep)
+    assert cut.tokens == tree.tokens[:7]  # the chain pays (0.9 each), the 0.01 singletons do not
+    assert fit_to_cost(tree, [0.0, 1.0, 10.0]).tokens == [0]  # nothing pays: a plain step
+    assert fit_to_cost(tree, steep, trust=0.1).tokens == [0]  # probabilities scaled to 10%: not worth it
+    # brute force: the chosen size maximises expected tokens per unit of cost
+    def value(n):
+        return (1 + sum(tree.shares[1 : n + 1])) / steep[n + 1]
+    assert max(range(len(tree)), key=value) == len(cut) - 1
+
+
+def test_the_head_is_batched_when_the_walk_likely_passes_the_root_and_a_row_costs_little():
+    """oneDNN's packed head computes 8 rows for 1.4x one row, MKL's for 2.4x: a walk expected to visit 1.7 nodes
+    gets one batched call on the packed engine (the likeliest nodes, root first), single calls elsewhere."""
+    from rest_lsp.engine.decoding import HEAD_BATCH_FROM, HEAD_BATCH_FROM_PACKED, likely_nodes
+
+    tree = DraftTree([1, 2, 3, 4], [-1, 0, 1, 0], [0, 1, 2, 1], shares=(1.0, 0.5, 0.1, 0.1))  # 1.7 visited expected
+    assert likely_nodes(tree, HEAD_BATCH_FROM_PACKED) == [0, 1, 2, 3]
+    assert likely_nodes(tree, HEAD_BATCH_FROM) == []
+    alone = DraftTree([1, 2], [-1, 0], [0, 1], shares=(1.0, 0.3))  # 1.3 expected: the root's row alone pays
+    assert likely_nodes(alone, HEAD_BATCH_FROM_PACKED) == []
+
+
+def test_a_node_the_walk_reaches_outside_the_batch_brings_the_likeliest_nodes_below_it():
+    """A walk that reached a node outside the batched head call goes on below it: on the packed head, the node's row
+    and the likeliest rows under it cost one row, so they come in one call (values as computed alone)."""
+    import torch
+
+    from rest_lsp.engine.decoding import Decoder, below
+    from conftest import tiny_model
+
+    # 0 -> 1 -> 2 -> 3, 1 -> 4, 0 -> 5 -> 6
+    tree = DraftTree([9, 1, 2, 3, 4, 5, 6], [-1, 0, 1, 2, 1, 0, 5], [0, 1, 2, 3, 2, 1, 2],
+                     shares=(1.0, 0.5, 0.3, 0.2, 0.1, 0.4, 0.35))
+    assert below(tree, 1, 3, {}) == [2, 3, 4]
+    assert below(tree, 1, 2, {2: None}) == [3, 4]  # rows already computed are not asked again
+    assert below(tree, 5, 3, {}) == [6] and below(tree, 3, 3, {}) == [] and below(tree, 0, 0, {}) == []
+
+    decoder = Decoder(tiny_model("llama"))
+    decoder.miss_rows, decoder.head_batch_from = 3, 100.0  # no batched call up front: every row is a miss
+    calls = []
+    real = decoder.logits
+    decoder.logits = lambda h: calls.append(h.shape[0]) or real(h)
+    hidden = torch.randn(len(tree), decoder.model.config.hidden_size)
+    logits_at = decoder._head_at(tree, hidden)
+    got = {n: logits_at(n) for n in (1, 2, 4, 3)}
+    assert calls == [3, 1]  # 1 with 2 and 3; then 4 alone
+    for n, value in got.items():
+        assert torch.equal(value, real(hidden[n : n + 1])[0].float())

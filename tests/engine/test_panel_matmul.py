@@ -1,0 +1,140 @@
+"""Our fp32 panel kernel (rest_lsp/engine/panel_matmul.py): what F.linear computes, to fp32 rounding; a row's result the
+same bit for bit whatever the number of rows beside it; the op under TorchScript; and without a compiler, oneDNN."""
+
+import logging
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rest_lsp.engine import panel_matmul
+from rest_lsp.engine.lean_llama import Matmul, PanelMatmul, pick_packing
+
+needs_kernel = pytest.mark.skipif(not panel_matmul.available(), reason="no C compiler here builds the panel kernel")
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k", [(16, 8), (50, 33), (96, 576), (7, 100), (1, 3)])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_the_kernel_computes_what_f_linear_does(n, k, bias):
+    torch.manual_seed(n * 1000 + k)
+    weight = torch.randn(n, k)
+    b = torch.randn(n) if bias else None
+    panels = panel_matmul.pack(weight)
+    assert panels.shape == (-(-n // 16), k, 16)
+    for m in (1, 5, 6, 7, 12, 13, 64):
+        x = torch.randn(m, k)
+        got = panel_matmul.panel_mm(x, panels, n, b)
+        want = F.linear(x, weight, b)
+        assert got.shape == (m, n)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * k**0.5)
+
+
+@needs_kernel
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    """A tree step's rows come out as the plain step's row would, bit for bit (one tile or three)."""
+    torch.manual_seed(3)
+    weight, bias = torch.randn(200, 130), torch.randn(200)
+    panels = panel_matmul.pack(weight)
+    x = torch.randn(17, 130)
+    together = panel_matmul.panel_mm(x, panels, 200, bias)
+    for i in range(17):
+        assert torch.equal(together[i : i + 1], panel_matmul.panel_mm(x[i : i + 1], panels, 200, bias))
+    assert torch.equal(together[5:12], panel_matmul.panel_mm(x[5:12], panels, 200, bias))
+
+
+@needs_kernel
+def test_the_op_runs_under_torchscript_as_in_python():
+    torch.manual_seed(4)
+    weight = torch.randn(40, 24)
+    bias = torch.randn(40)
+    layer = Matmul.of(weight, bias, "panel")
+    assert isinstance(layer, PanelMatmul)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated; it still runs here
+        scripted = torch.jit.script(layer)
+    x = torch.randn(3, 24)
+    assert torch.equal(scripted(x), panel_matmul.panel_mm(x, panel_matmul.pack(weight), 40, bias))
+    torch.testing.assert_close(scripted(x), F.linear(x, weight, bias))
+
+
+@needs_kernel
+def test_input_that_does_not_fit_the_panels_is_refused():
+    panels = panel_matmul.pack(torch.randn(16, 8))
+    with pytest.raises(ValueError, match="does not fit"):
+        panel_matmul.panel_mm(torch.randn(2, 9), panels, 16)
+    with pytest.raises(ValueError, match="does not fit"):
+        panel_matmul.panel_mm(torch.randn(2, 8, dtype=torch.float64), panels, 16)
+    with pytest.raises(ValueError, match="does not fit"):  # more outputs than the panels hold
+        panel_matmul.panel_mm(torch.randn(2, 8), panels, 17)
+    with pytest.raises(ValueError, match="does not fit"):  # a bias shorter than the outputs
+        panel_matmul.panel_mm(torch.randn(2, 8), panels, 16, torch.randn(15))
+    with pytest.raises(ValueError, match="does not fit"):  # panels that are not contiguous
+        panel_matmul.panel_mm(torch.randn(2, 8), panels.transpose(0, 1), 16)
+
+
+@needs_kernel
+def test_fp32_on_a_cpu_picks_the_panel_kernel():
+    assert pick_packing(None, torch.float32, torch.device("cpu")) == "panel"
+    assert pick_packing(None, torch.bfloat16, torch.device("cpu")) != "panel"
+
+
+@pytest.fixture
+def fresh_library(monkeypatch, tmp_path):
+    """The kernel looked for again, built into an empty folder."""
+    monkeypatch.setattr(panel_matmul, "_library", [])
+    monkeypatch.setattr(panel_matmul, "kernel_folder", lambda: tmp_path / "kernels")
+    return tmp_path / "kernels"
+
+
+def test_without_a_compiler_the_step_runs_on_onednn_and_says_so_once(monkeypatch, fresh_library, caplog):
+    monkeypatch.setattr(panel_matmul, "_compiler", lambda: None)
+    with caplog.at_level(logging.INFO, logger="rest_lsp.engine.panel_matmul"):
+        assert panel_matmul.library() is None
+        assert not panel_matmul.available()
+    assert [r.getMessage() for r in caplog.records] == [
+        "No C compiler here (CC, cc, gcc): fp32 steps run without rest-lsp's panel kernel (on oneDNN where torch has "
+        "it)."]
+    from rest_lsp.engine.lean_llama import onednn_packs
+
+    want = "onednn" if onednn_packs(torch.float32, torch.device("cpu")) else "none"
+    assert pick_packing(None, torch.float32, torch.device("cpu")) == want
+    with pytest.raises(ValueError, match="panel cannot pack"):
+        pick_packing("panel", torch.float32, torch.device("cpu"))
+
+
+def test_a_compiler_that_fails_leaves_onednn_with_one_warning(monkeypatch, fresh_library, caplog, tmp_path):
+    failing = tmp_path / "broken-cc"
+    failing.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\n"
+                       "echo 'broken-cc: error: cannot compile' >&2\necho 'compilation terminated.' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CC", str(failing))
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.panel_matmul"):
+        assert panel_matmul.library() is None
+        assert panel_matmul.library() is None  # tried once
+    assert [r.getMessage() for r in caplog.records] == [
+        f"The panel kernel could not be built with {failing} (broken-cc: error: cannot compile): fp32 steps run "
+        "without it (on oneDNN where torch has it)."]
+    assert not any(fresh_library.glob("*.so"))
+
+
+@needs_kernel
+def test_the_kernel_is_built_once_and_kept(monkeypatch, fresh_library):
+    lib = panel_matmul.library()
+    assert lib is not None
+    built = list(fresh_library.glob("panel_matmul-*.so"))
+    assert len(built) == 1 and not [p for p in fresh_library.iterdir() if p.is_dir()]  # no temporary folder left
+    monkeypatch.setattr(panel_matmul, "_library", [])
+    stamp = built[0].stat().st_mtime_ns
+    assert panel_matmul.library() is not None
+    assert built[0].stat().st_mtime_ns == stamp  # loaded from the cache, not built again
+
+
+@needs_kernel
+def test_a_library_that_computes_wrong_results_is_not_used(monkeypatch, fresh_library, caplog):
+    """A miscompiled kernel must never reach the exact mode: the library is checked against F.linear first."""
+    monkeypatch.setattr(panel_matmul, "SOURCE", panel_matmul.SOURCE.replace("lo[i] += b * w0;", "lo[i] += b * w0 * 2;"))
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.panel_matmul"):
+        assert panel_matmul.library() is None
+    assert "its results differ from F.linear's" in caplog.text

@@ -1,0 +1,126 @@
+"""The package's layers, as data: each module may import only its own layer and the layers below it.
+
+The order is the README's data flow: shared helpers, the datastore, drafting, the engine, the settings, the
+service, then what wires them for a person (the commands and the language server), then the entry point.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "rest_lsp"
+
+# (layer name, its modules or subpackages), lowest first. A module of one layer may import its own layer's
+# modules and those of the layers listed before it, never one listed after it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("shared", ("rest_lsp", "rest_lsp.errors", "rest_lsp.priority")),
+    ("datastore", ("rest_lsp.datastore",)),
+    ("drafting", ("rest_lsp.drafting",)),
+    ("engine", ("rest_lsp.engine",)),
+    ("settings", ("rest_lsp.settings",)),
+    ("service", ("rest_lsp.service",)),
+    ("commands", ("rest_lsp.commands",)),
+    ("server", ("rest_lsp.server",)),
+    ("cli", ("rest_lsp.cli",)),
+]
+# Third-party packages a layer must never import (the service knows no LSP types; the datastore no model).
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "datastore": ("torch", "transformers", "lsprotocol", "pygls"),
+    "drafting": ("transformers", "lsprotocol", "pygls"),
+    "engine": ("lsprotocol", "pygls"),
+    "service": ("lsprotocol", "pygls"),
+}
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of the most specific entry that holds `module`."""
+    best, best_len = None, -1
+    for i, (_, members) in enumerate(LAYERS):
+        for m in members:
+            if (module == m or module.startswith(m + ".")) and len(m) > best_len:
+                best, best_len = i, len(m)
+    if best is None:
+        raise KeyError(module)
+    return best
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, package: Path = PACKAGE) -> list[tuple[str, int]]:
+    """(imported module, line) for every import in the file, function-local ones included."""
+    name = module_name(path, package)
+    home = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = home.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((target, node.lineno))
+            if target.split(".")[0] == "rest_lsp":
+                # `from rest_lsp import server`, `from ..engine import decoding`: the names may be modules
+                found += [(f"{target}.{alias.name}", node.lineno) for alias in node.names
+                          if (package.parent / (f"{target}.{alias.name}".replace(".", "/") + ".py")).exists()
+                          or (package.parent / f"{target}.{alias.name}".replace(".", "/")).is_dir()]
+    return found
+
+
+def violations(package: Path = PACKAGE) -> list[str]:
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        src = module_name(path, package)
+        src_layer = layer_of(src)
+        for target, line in imports_of(path, package):
+            where = f"{path.relative_to(package.parent)}:{line}"
+            if target.split(".")[0] == "rest_lsp":
+                if layer_of(target) > src_layer:
+                    out.append(f"{where}: {src} ({LAYERS[src_layer][0]}) imports {target} "
+                               f"({LAYERS[layer_of(target)][0]}), a layer above it")
+            elif target.split(".")[0] in FORBIDDEN.get(LAYERS[src_layer][0], ()):
+                out.append(f"{where}: {src} ({LAYERS[src_layer][0]}) imports {target}")
+    return out
+
+
+def test_every_module_has_a_layer():
+    for path in PACKAGE.rglob("*.py"):
+        layer_of(module_name(path))  # raises KeyError for a module no layer holds
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    assert violations() == []
+
+
+def test_an_upward_import_is_caught(tmp_path):
+    """The check itself: a datastore module that imports the engine is reported, with its line."""
+    fake = tmp_path / "rest_lsp"
+    (fake / "datastore").mkdir(parents=True)
+    (fake / "engine").mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "engine" / "__init__.py").write_text("")
+    (fake / "engine" / "decoding.py").write_text("")
+    (fake / "datastore" / "__init__.py").write_text("")
+    (fake / "datastore" / "store.py").write_text("import os\n\ndef f():\n    from ..engine import decoding\n")
+    assert violations(fake) == ["rest_lsp/datastore/store.py:4: rest_lsp.datastore.store (datastore) imports "
+                                "rest_lsp.engine (engine), a layer above it",
+                                "rest_lsp/datastore/store.py:4: rest_lsp.datastore.store (datastore) imports "
+                                "rest_lsp.engine.decoding (engine), a layer above it"]
+
+
+@pytest.mark.parametrize("layer", [name for name, _ in LAYERS if (PACKAGE / name / "__init__.py").exists()])
+def test_each_subpackage_says_what_it_knows(layer):
+    init = PACKAGE / layer / "__init__.py"
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    assert "Knows:" in doc and "Never imports:" in doc
