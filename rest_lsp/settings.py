@@ -139,6 +139,10 @@ def _check(name: str, value: Any) -> Any:
             value = [value]
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"expected a list of gitignore patterns, got {value!r}.")
+        from rest_lsp.datastore.ignore import bad_patterns
+
+        if bad := bad_patterns(value):
+            raise ValueError(f"invalid gitignore pattern(s): {', '.join(map(repr, bad))}.")
         return tuple(value)
     if name == "draft_exclude":
         from rest_lsp.drafting.drafts import SOURCE_NAMES

@@ -28,7 +28,7 @@ class IgnoreRules:
 
     def __init__(self, root: Path, extra: Sequence[str] = ()):
         self.root = root
-        self._extra = pathspec.GitIgnoreSpec.from_lines(list(extra)) if extra else None
+        self._extra = spec_of(list(extra), "the ignore setting") if extra else None
         self._specs: dict[str, pathspec.GitIgnoreSpec | None] = {}
         self._dirs: dict[str, bool] = {}
         self._lock = threading.Lock()
@@ -90,12 +90,33 @@ class IgnoreRules:
         spec = None
         try:
             if path.is_file() and not path.is_symlink():
-                spec = pathspec.GitIgnoreSpec.from_lines(path.read_text("utf-8", errors="replace").splitlines())
+                spec = spec_of(path.read_text("utf-8", errors="replace").splitlines(), str(path))
         except (OSError, ValueError) as err:
             log.warning("Ignoring unreadable ignore file %s: %s", path, err)
         with self._lock:
             self._specs[base] = spec
         return spec
+
+
+def bad_patterns(lines: Sequence[str]) -> list[str]:
+    """The patterns of `lines` that pathspec cannot compile."""
+    bad = []
+    for line in lines:
+        try:
+            pathspec.GitIgnoreSpec.from_lines([line])
+        except Exception:  # noqa: BLE001 - pathspec raises ValueError or re.error, depending on the mistake
+            bad.append(line)
+    return bad
+
+
+def spec_of(lines: list[str], where: str) -> pathspec.GitIgnoreSpec:
+    """The spec of `lines`; a pattern that does not compile is left out (one log line), never the others."""
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(lines)
+    except Exception:  # noqa: BLE001 - ValueError or re.error: find the culprits
+        bad = bad_patterns(lines)
+    log.warning("Skipping invalid ignore pattern(s) %s in %s.", ", ".join(map(repr, bad)), where)
+    return pathspec.GitIgnoreSpec.from_lines([line for line in lines if line not in bad])
 
 
 def is_ignore_file(rel: str) -> bool:
