@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("rest_lsp.engine",)),
     ("settings", ("rest_lsp.settings",)),
     ("service", ("rest_lsp.service",)),
+    ("team", ("rest_lsp.team",)),
     ("commands", ("rest_lsp.commands",)),
     ("server", ("rest_lsp.server",)),
     ("cli", ("rest_lsp.cli",)),
@@ -32,6 +33,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "drafting": ("transformers", "lsprotocol", "pygls"),
     "engine": ("lsprotocol", "pygls"),
     "service": ("lsprotocol", "pygls"),
+    "team": ("lsprotocol", "pygls"),
 }
 
 

@@ -91,8 +91,10 @@ class NoEvents:
 
 
 class CompletionService:
-    def __init__(self, settings: Settings, events: ServiceEvents | None = None):
+    def __init__(self, settings: Settings, events: ServiceEvents | None = None, load=None):
         self.settings = settings
+        # settings -> ServingModel; a team's replica passes one that shares its loaded model among workspaces
+        self._load_model = load or load_serving_model
         self.events: ServiceEvents = events or NoEvents()
         self.load_error: str | None = None
         self._lock = threading.RLock()
@@ -205,7 +207,7 @@ class CompletionService:
 
     def _load(self, generation: int) -> None:
         try:
-            model = load_serving_model(self.settings)
+            model = self._load_model(self.settings)
         except Exception as err:  # ModelLoadError and anything else: the server stays up
             self._load_failed(generation, str(err) or type(err).__name__)
             return

@@ -1,0 +1,135 @@
+"""The FastAPI app a replica serves: the sync protocol, completions, accepts and cancels, behind a bearer token.
+
+Every route but /health wants `Authorization: Bearer <token>` (401 otherwise). A body that does not parse is a
+422 from FastAPI, token ids outside the vocabulary a 422 from us, another tokenizer a 409: none of them touches
+a workspace. Blocking work (a snapshot into the datastore, creating a workspace) runs in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from rest_lsp.team.protocol import (API, AcceptRequest, CancelRequest, CompleteReply, CompleteRequest, Delta,
+                                    DraftsRequest, Events, Problem, Snapshot, SyncReply, TokenizerReply)
+from rest_lsp.team.token import bearer_matches
+from rest_lsp.team.workspaces import BadTokens, SyncRefused, Workspaces
+
+log = logging.getLogger(__name__)
+
+
+class Replica:
+    """What the routes serve: the workspaces, the token, this replica's name (in every answer, for logs and tests)."""
+
+    def __init__(self, workspaces: Workspaces, token: str, name: str):
+        self.workspaces, self.token, self.name = workspaces, token, name
+
+
+def create_app(replica: Callable[[], Replica]) -> FastAPI:
+    """The app; `replica()` gives the state (in Serve, the replica process installs it after the app is built)."""
+    app = FastAPI(title="rest-lsp team server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.replica = replica
+
+    @app.exception_handler(BadTokens)
+    async def bad_tokens(request: Request, err: BadTokens):
+        return JSONResponse({"detail": str(err)}, status_code=422)
+
+    @app.exception_handler(SyncRefused)
+    async def refused(request: Request, err: SyncRefused):
+        return JSONResponse(Problem(detail=str(err), kind="tokenizer").model_dump(), status_code=409)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    api = APIRouter(prefix=API, dependencies=[Depends(_authorized)])
+    _sync_routes(api)
+    _work_routes(api)
+    app.include_router(api)
+    return app
+
+
+def _sync_routes(api: APIRouter) -> None:
+    @api.get("/tokenizer")
+    async def tokenizer(r: Replica = Depends(_current)) -> TokenizerReply:
+        shared = r.workspaces.shared
+        return TokenizerReply(key=shared.tokenizer_key, tokenizer=shared.tokenizer_blob,
+                              split_special_tokens=shared.split_special_tokens, vocab_size=shared.vocab_size)
+
+    @api.post("/workspaces/{workspace}/snapshot")
+    async def snapshot(workspace: str, body: Snapshot, r: Replica = Depends(_current)) -> SyncReply:
+        state, _ = await asyncio.to_thread(r.workspaces.get, workspace)
+        reply = await asyncio.to_thread(state.snapshot, body)
+        await asyncio.to_thread(r.workspaces.trim)
+        return reply.model_copy(update={"replica": r.name})
+
+    @api.post("/workspaces/{workspace}/delta")
+    async def delta(workspace: str, body: Delta, r: Replica = Depends(_current)) -> SyncReply:
+        state = r.workspaces.find(workspace)
+        if state is None:
+            return SyncReply(epoch=None, seq=0, need_snapshot=True, reason="unknown workspace", replica=r.name)
+        reply = await asyncio.to_thread(state.delta, body)
+        return reply.model_copy(update={"replica": r.name})
+
+    @api.post("/workspaces/{workspace}/events")
+    async def events(workspace: str, body: Events, r: Replica = Depends(_current)) -> dict:
+        state = r.workspaces.find(workspace)
+        if state is not None:
+            state.events(body)
+        return {"known": state is not None}
+
+
+def _work_routes(api: APIRouter) -> None:
+    @api.post("/workspaces/{workspace}/complete")
+    async def complete(workspace: str, body: CompleteRequest, r: Replica = Depends(_current)) -> CompleteReply:
+        state, created = await asyncio.to_thread(r.workspaces.get, workspace)
+        state.events(body.events)
+        ticket = state.submit(body.request_id, body.doc_id, body.text, min(body.offset, len(body.text)))
+        try:
+            done = await asyncio.wrap_future(ticket.future)
+        except asyncio.CancelledError:  # the client went away: stop the work
+            ticket.cancel()
+            raise
+        finally:
+            state.finished(body.request_id)
+        need = created or state.epoch is None
+        if done is None:
+            return CompleteReply(need_snapshot=need, replica=r.name)
+        return CompleteReply(text=done.text, id=done.id, source=done.source, tokens=done.tokens, steps=done.steps,
+                             latency_ms=done.latency_ms, need_snapshot=need, replica=r.name)
+
+    @api.post("/workspaces/{workspace}/cancel")
+    async def cancel(workspace: str, body: CancelRequest, r: Replica = Depends(_current)) -> dict:
+        state = r.workspaces.find(workspace)
+        return {"cancelled": state is not None and state.cancel(body.request_id)}
+
+    @api.post("/workspaces/{workspace}/accept")
+    async def accept(workspace: str, body: AcceptRequest, r: Replica = Depends(_current)) -> dict:
+        state = r.workspaces.find(workspace)
+        ok = state is not None and await asyncio.to_thread(state.service.accept, body.id, body.text)
+        return {"accepted": bool(ok)}
+
+    @api.post("/workspaces/{workspace}/drafts")
+    async def drafts(workspace: str, body: DraftsRequest, r: Replica = Depends(_current)) -> list:
+        state = r.workspaces.find(workspace)
+        found = await asyncio.to_thread(state.service.drafts, body.text) if state is not None else []
+        return [{"text": text, "weight": weight} for text, weight in found]
+
+    @api.get("/workspaces/{workspace}/stats")
+    async def stats(workspace: str, r: Replica = Depends(_current)) -> dict:
+        state = r.workspaces.find(workspace)
+        out = await asyncio.to_thread(state.service.stats) if state is not None else {}
+        return {**out, "replica": r.name, "epoch": state.epoch if state else None, "seq": state.seq if state else 0}
+
+
+def _current(request: Request) -> Replica:
+    return request.app.state.replica()
+
+
+def _authorized(request: Request, authorization: str | None = Header(default=None)) -> None:
+    if not bearer_matches(authorization, _current(request).token):
+        raise HTTPException(401, "a bearer token is required", headers={"WWW-Authenticate": "Bearer"})

@@ -1,0 +1,89 @@
+"""The model a replica loads once, and the per-workspace ServingModel views of it.
+
+Every workspace of a replica decodes with the one decoder (one KV cache, one weights copy), one at a time: a lock
+covers each decoder call and each switch of its cache between documents. What REST learns from a workspace's code
+stays that workspace's: its outputs, its successor table, its own tokenizer copy (a fast tokenizer is not safe
+from several threads) and its document caches, named under the workspace in the replica's shared, bounded store.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+
+from rest_lsp.service.lifecycle import ServingModel, load_serving_model
+from rest_lsp.settings import Settings
+
+
+class LockedDecoder:
+    """The decoder's interface, each call under the replica's decoding lock."""
+
+    def __init__(self, decoder, lock: threading.RLock):
+        self._decoder, self._lock = decoder, lock
+
+    def __getattr__(self, name: str):
+        value = getattr(self._decoder, name)
+        if not callable(value):
+            return value
+
+        def locked(*args, **kwargs):
+            with self._lock:
+                return value(*args, **kwargs)
+
+        return locked
+
+
+class WorkspaceDocuments:
+    """document_caches.DocumentCaches for one workspace: its documents named under it in the shared store."""
+
+    def __init__(self, shared, workspace: str, lock: threading.RLock):
+        self._shared, self._prefix, self._lock = shared, workspace + "\0", lock
+
+    def use(self, decoder, doc_id: str, limit_bytes: int) -> None:
+        with self._lock:
+            self._shared.use(decoder, self._prefix + doc_id, limit_bytes)
+
+    def forget(self, doc_id: str) -> None:
+        self._shared.forget(self._prefix + doc_id)
+
+    def forget_all(self) -> None:
+        for name in self._shared.kept():
+            if name.startswith(self._prefix):
+                self._shared.forget(name)
+
+    def kept(self) -> list[str]:
+        return [n[len(self._prefix):] for n in self._shared.kept() if n.startswith(self._prefix)]
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._shared.kept_bytes
+
+
+class SharedModel:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.base: ServingModel = load_serving_model(settings)
+        self.lock = threading.RLock()  # one decoding at a time on this replica
+        self.decoder = LockedDecoder(self.base.decoder, self.lock)
+        hf = self.base.loaded.tokenizer.hf
+        self.tokenizer_blob = hf.backend_tokenizer.to_str()
+        self.split_special_tokens = bool(getattr(hf, "split_special_tokens", False))
+        self.vocab_size = int(self.base.decoder.vocab_size)  # ids a workspace may send: the embedding's rows
+
+    @property
+    def tokenizer_key(self) -> str:
+        return self.base.tokenizer_key
+
+    def for_workspace(self, workspace: str) -> ServingModel:
+        """A view for one workspace: the shared decoder and weights, everything learned from its code its own."""
+        from rest_lsp.drafting.drafts import OutputStore, SuccessorTable, TokenLines
+        from rest_lsp.engine.model import Tokenizer
+
+        base = self.base
+        tokenizer = Tokenizer(copy.deepcopy(base.loaded.tokenizer.hf))
+        loaded = dataclasses.replace(base.loaded, tokenizer=tokenizer)
+        return dataclasses.replace(
+            base, loaded=loaded, decoder=self.decoder, background=tokenizer, outputs=OutputStore(),
+            recycle=SuccessorTable(), documents=WorkspaceDocuments(base.documents, workspace, self.lock),
+            lines=TokenLines(lambda t: tokenizer.decode([t])))

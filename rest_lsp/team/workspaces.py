@@ -1,0 +1,207 @@
+"""A replica's workspaces: each with its own completion service and datastore fed from the client's token deltas,
+kept in an LRU bounded by a memory budget (the least recently used workspace goes first; its client then sends
+a new snapshot when it asks again).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from rest_lsp.service.completion import CompletionService, Ticket
+from rest_lsp.settings import Settings
+from rest_lsp.team.protocol import CLIENT_SETTINGS, Delta, Doc, Events, Snapshot, SyncReply
+from rest_lsp.team.shared_model import SharedModel
+
+log = logging.getLogger(__name__)
+
+# What a workspace costs besides its datastore: a tokenizer copy, outputs, caches of suggestions.
+WORKSPACE_OVERHEAD_BYTES = 16 << 20
+READY_TIMEOUT_S = 60
+
+
+class SyncRefused(Exception):
+    """A snapshot the replica cannot take (another tokenizer); str(err) is one sentence for the user."""
+
+
+class BadTokens(ValueError):
+    """Token ids outside the model's vocabulary."""
+
+
+class _Log(logging.LoggerAdapter):
+    def process(self, msg, kwargs):
+        return f"[{self.extra['workspace']}] {msg}", kwargs
+
+
+def _checked(docs: list[Doc], vocab_size: int) -> list[tuple[str, np.ndarray, object]]:
+    from rest_lsp.datastore import Source
+
+    out = []
+    for doc in docs:
+        tokens = np.asarray(doc.tokens, dtype=np.int64)
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+            raise BadTokens(f"document {doc.doc_id!r} holds token ids outside 0..{vocab_size - 1}.")
+        source = Source.OPEN_BUFFER if doc.source == "buffer" else Source.WORKSPACE
+        out.append((doc.doc_id, tokens, source))
+    return out
+
+
+class WorkspaceState:
+    """One workspace on one replica: its completion service, its datastore, where its sync stands."""
+
+    def __init__(self, workspace: str, shared: SharedModel, settings: Settings):
+        self.workspace, self.shared, self.defaults = workspace, shared, settings
+        self.log = _Log(log, {"workspace": workspace})
+        self.service = CompletionService(settings, load=lambda s: shared.for_workspace(workspace))
+        self.service.start([])
+        if not self.service.wait_ready(READY_TIMEOUT_S):
+            raise RuntimeError(f"workspace {workspace}: {self.service.load_error or 'not ready'}")
+        self.lock = threading.Lock()
+        self.epoch: str | None = None
+        self.seq = 0
+        self.event_seq = 0
+        self.tickets: dict[str, Ticket] = {}
+
+    def reply(self, need: bool = False, reason: str | None = None) -> SyncReply:
+        return SyncReply(epoch=self.epoch, seq=self.seq, need_snapshot=need, reason=reason)
+
+    def snapshot(self, snap: Snapshot) -> SyncReply:
+        if snap.tokenizer_key != self.shared.tokenizer_key:
+            raise SyncRefused(f"the workspace was tokenized with tokenizer {snap.tokenizer_key}, the server's model "
+                              f"uses {self.shared.tokenizer_key}: fetch the server's tokenizer and index again.")
+        puts = _checked(snap.docs, self.shared.vocab_size)
+        self.apply_settings(snap.settings)
+        datastore = self.service._datastore
+        with self.lock:
+            keep = {d for d, _, _ in puts}
+            gone = [d for d in datastore.doc_ids() if d not in keep and not d.startswith("accepted:")]
+            datastore.apply(puts, gone)
+            self.epoch, self.seq = snap.epoch, 0
+        self.log.info("snapshot %s: %d documents, %d tokens", snap.epoch, len(puts), sum(len(t) for _, t, _ in puts))
+        return self.reply()
+
+    def delta(self, delta: Delta) -> SyncReply:
+        puts = _checked(delta.puts, self.shared.vocab_size)
+        with self.lock:
+            if delta.epoch != self.epoch:
+                return self.reply(True, "unknown epoch")
+            if delta.seq <= self.seq:
+                return self.reply()  # sent again after a lost answer: already applied
+            if delta.seq != self.seq + 1:
+                self.log.info("delta %d after %d: a gap, asking for a snapshot", delta.seq, self.seq)
+                return self.reply(True, f"gap: delta {delta.seq} after {self.seq}")
+            self.service._datastore.apply(puts, delta.removes)
+            self.seq = delta.seq
+        return self.reply()
+
+    def apply_settings(self, values: dict) -> None:
+        ours = {k: v for k, v in values.items() if k in CLIENT_SETTINGS}
+        new, errors = self.defaults.update(ours, self.defaults)
+        if errors:
+            self.log.warning("settings ignored: %s", " ".join(errors))
+        self.service.update_settings(new)
+
+    def events(self, batch: Events | None) -> None:
+        """Hints in order; a batch older than one applied is stale (its place has moved on) and dropped."""
+        if batch is None:
+            return
+        with self.lock:
+            if batch.seq <= self.event_seq:
+                return
+            self.event_seq = batch.seq
+        for event in batch.events:
+            if event.kind == "cancel":
+                self.service.cancel(event.doc_id)
+            elif event.text is not None and event.offset is not None:
+                if event.kind == "change":
+                    self.service.expect(event.doc_id, event.text, event.offset)
+                else:
+                    self.service.moved(event.doc_id, event.text, event.offset)
+
+    def submit(self, request_id: str, doc_id: str, text: str, offset: int) -> Ticket:
+        ticket = self.service.submit(doc_id, text, offset)
+        with self.lock:
+            self.tickets[request_id] = ticket
+        return ticket
+
+    def finished(self, request_id: str) -> None:
+        with self.lock:
+            self.tickets.pop(request_id, None)
+
+    def cancel(self, request_id: str) -> bool:
+        with self.lock:
+            ticket = self.tickets.pop(request_id, None)
+        if ticket is not None:
+            ticket.cancel()
+        return ticket is not None
+
+    def nbytes(self) -> int:
+        datastore = self.service._datastore
+        return WORKSPACE_OVERHEAD_BYTES + (int(datastore.stats()["bytes"]) if datastore is not None else 0)
+
+    def close(self) -> None:
+        self.service._model.documents.forget_all()
+        self.service.close()
+
+
+class Workspaces:
+    """The LRU of a replica's workspaces, bounded by `budget_bytes` (the one in use always stays)."""
+
+    def __init__(self, shared: SharedModel, settings: Settings, budget_bytes: int):
+        self.shared, self.settings, self.budget = shared, settings, budget_bytes
+        self._lock = threading.Lock()
+        self._states: OrderedDict[str, WorkspaceState] = OrderedDict()
+        self._creating: dict[str, threading.Lock] = {}
+
+    def get(self, workspace: str) -> tuple[WorkspaceState, bool]:
+        """(its state, whether it was created now: the client must send a snapshot)."""
+        with self._lock:
+            state = self._states.get(workspace)
+            if state is not None:
+                self._states.move_to_end(workspace)
+                return state, False
+            gate = self._creating.setdefault(workspace, threading.Lock())
+        with gate:  # one creation per workspace; others wait for it
+            with self._lock:
+                if workspace in self._states:
+                    return self._states[workspace], False
+            state = WorkspaceState(workspace, self.shared, self.settings)
+            with self._lock:
+                self._states[workspace] = state
+                self._creating.pop(workspace, None)
+            state.log.info("new on this replica")
+            return state, True
+
+    def find(self, workspace: str) -> WorkspaceState | None:
+        with self._lock:
+            return self._states.get(workspace)
+
+    def trim(self) -> None:
+        """Drop least recently used workspaces until the rest fit the budget."""
+        with self._lock:
+            states = list(self._states.items())
+        total = sum(s.nbytes() for _, s in states)
+        dropped = []
+        with self._lock:
+            for name, state in states[:-1]:
+                if total <= self.budget:
+                    break
+                total -= state.nbytes()
+                self._states.pop(name, None)
+                dropped.append(state)
+        for state in dropped:
+            state.log.info("dropped (memory budget %d MB)", self.budget >> 20)
+            threading.Thread(target=state.close, name="rest-lsp-drop-workspace", daemon=True).start()
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._states)
+
+    def close(self) -> None:
+        with self._lock:
+            states, self._states = list(self._states.values()), OrderedDict()
+        for state in states:
+            state.close()
