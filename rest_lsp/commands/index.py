@@ -43,6 +43,9 @@ def run(args) -> int:
     started = time.perf_counter()
     try:
         stats = index.build()
+        # the merges the build (or the loaded segments) started, kept: else every run would merge them again
+        datastore.wait_for_merges()
+        index.save()
     except OSError as err:
         print(f"rest-lsp index: could not index or save '{args.dir}': {err}", file=sys.stderr)
         return 1
@@ -50,7 +53,7 @@ def run(args) -> int:
         if bar is not None:
             bar.done()
     seconds = time.perf_counter() - started
-    if not stats["saved"]:
+    if not index.saved:
         datastore.close()
         print(f"rest-lsp index: could not save the index of '{args.dir}': {index.save_error}", file=sys.stderr)
         return 1

@@ -52,6 +52,7 @@ class WorkspaceIndex:
         self._files: dict[str, Signature] = {}      # indexed, with the signature their tokens came from
         self._skipped: dict[str, Signature] = {}    # binary or unreadable: not read again until changed
         self._dirty = False                         # changes not yet saved
+        self._saved_names: frozenset[str] = frozenset()  # segments holding our files, as last loaded or saved
         self._watcher: DebouncedWatcher | None = None
         self._lock = threading.Lock()               # build / watcher batches / save, one at a time
         # Listeners are called outside `_lock`, and none once stop() has begun: stop() may be called by a thread
@@ -78,8 +79,7 @@ class WorkspaceIndex:
                 self._save()
         self._deliver_changes()
         stats = self.stats()
-        stats.update(seconds=time.perf_counter() - started, loaded=loaded, reindexed=changed,
-                     saved=self._folder is not None and not self._dirty)
+        stats.update(seconds=time.perf_counter() - started, loaded=loaded, reindexed=changed, saved=self.saved)
         return stats
 
     def start_watching(self) -> None:
@@ -111,9 +111,15 @@ class WorkspaceIndex:
         self.save()
 
     def save(self) -> None:
+        """Save what changed: files, or the segments holding them (a merge is kept, not done again)."""
         with self._lock:
-            if self._dirty:
+            if self._dirty or self._own_names(self.datastore.segments()) != self._saved_names:
                 self._save()
+
+    @property
+    def saved(self) -> bool:
+        """True if the index folder holds every file change (merges aside)."""
+        return self._folder is not None and not self._dirty
 
     def rescan(self) -> int:
         """Reconcile with a full scan of the disk (after lost events); returns files re-indexed or removed."""
@@ -291,21 +297,33 @@ class WorkspaceIndex:
     def _load(self) -> bool:
         if self._folder is None:
             return False
-        saved = self._folder.load()
+        try:
+            saved = self._folder.load()
+        except OSError as err:  # read-only, or its lock is another user's: index in memory, never save
+            log.warning("Cannot use the index folder %s (%s); indexing %s in memory only.",
+                        self._folder.folder, err, self.root)
+            self.save_error, self._folder = str(err), None
+            return False
         if saved is None:
             return False
-        self.datastore.install(saved.segments)
+        installed = self.datastore.install(saved.segments)
         present = set(self.datastore.doc_ids())
         self._files = {p: s for p, s in saved.files.items() if p in present}
         self._skipped = dict(saved.skipped)
+        self._saved_names = self._own_names(installed)
         return True
+
+    def _own_names(self, segments: Sequence) -> frozenset[str]:
+        files = self._files
+        return frozenset(s.name for s in segments if any(s.live[i] and d in files for i, d in enumerate(s.doc_ids)))
 
     def _save(self) -> None:
         if self._folder is None:
             return
         files = dict(self._files)
+        segments = self.datastore.segments()
         try:
-            self._folder.save(self.datastore.segments(), files.__contains__, files, dict(self._skipped))
+            self._folder.save(segments, files.__contains__, files, dict(self._skipped))
         except OSError as err:
             # Stay dirty: the next change (or stop) tries again. Watching goes on either way.
             if self.save_error is None:
@@ -315,3 +333,4 @@ class WorkspaceIndex:
             return
         self.save_error = None
         self._dirty = False
+        self._saved_names = self._own_names(segments)
