@@ -20,7 +20,8 @@ bit for bit the same alone or in a tree of 16 (a step's matmuls do not round dif
 order differs from MKL's and oneDNN's, as theirs differ from each other: fp32 rounding, no more.
 
 The kernel is C, compiled here on first use with the system's C compiler (`CC`, else cc or gcc) for this CPU, kept
-in the cache folder and checked against F.linear before use; with no compiler, one that fails or a library that
+in the cache folder with the sha256 of its bytes, loaded only from a folder no other user may write and only when
+those bytes match, and checked against F.linear before use; with no compiler, one that fails or a library that
 disagrees, `available()` is False and the step runs on oneDNN (where torch has it).
 The op is `torch.ops.rest_lsp.panel_mm`, so the TorchScript layer stack calls it like any other.
 """
@@ -29,10 +30,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import hmac
 import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -134,6 +137,7 @@ int panel_threaded(void) {
 """
 
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC")
+OPENMP = ("-fopenmp",)  # tried first; the key covers it, so a library built without it is another library
 
 _lock = threading.Lock()
 _library: list[ctypes.CDLL | None] = []  # the library once tried (None: it could not be built or failed its check)
@@ -156,32 +160,136 @@ def _machine() -> str:
     return found or f"{platform.machine()} {platform.processor()}"
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=300)
+def _run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=300, cwd=cwd)
 
 
-def _build(cc: str, folder: Path) -> Path:
-    """The compiled library in `folder` (built once per source, compiler and CPU); OSError when it cannot be."""
+class UntrustedCache(OSError):
+    """The kernel cache folder could be changed by another user: nothing in it is loaded, nothing built there."""
+
+
+def _key(flags: tuple[str, ...], version: str) -> str:
+    """What a library depends on: source, every flag (OpenMP's included), compiler version, CPU features."""
+    return hashlib.sha256("\0".join([SOURCE, " ".join(flags), version, _machine()]).encode()).hexdigest()[:16]
+
+
+def _not_private(st: os.stat_result) -> str | None:
+    """Why a file or folder with this stat may hold another user's code (None when only this user can write it)."""
+    if not hasattr(os, "getuid"):  # no POSIX owners here
+        return None
+    if st.st_uid != os.getuid():
+        return f"owned by uid {st.st_uid}, not {os.getuid()}"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _private_folder(folder: Path) -> None:
+    """Makes `folder` (mode 700) where it is missing; UntrustedCache unless it is a folder of this user that no
+    one else may write, in a parent no one else may swap it in."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(folder)
+    problem = "a link or a file, not a folder" if not stat.S_ISDIR(st.st_mode) else _not_private(st)
+    if problem is None and hasattr(os, "getuid"):
+        up = os.stat(folder.parent)
+        if up.st_uid not in (os.getuid(), 0) or (up.st_mode & 0o002 and not up.st_mode & stat.S_ISVTX):
+            problem = f"in a folder other users can change (uid {up.st_uid}, mode {stat.S_IMODE(up.st_mode):o})"
+    if problem is not None:
+        raise UntrustedCache(f"{folder} is {problem}")
+
+
+def _record_of(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _read_private(path: Path) -> bytes:
+    """The bytes of `path`, opened without following a link; OSError if another user may have written them."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        problem = "not a regular file" if not stat.S_ISREG(st.st_mode) else _not_private(st)
+        if problem is not None:
+            raise OSError(problem)
+        return f.read()
+
+
+def _load_verified(target: Path) -> ctypes.CDLL | None:
+    """The library at `target` if its bytes hash to the sha256 recorded beside it when it was built, both files
+    this user's alone; None when it is missing or (after one log line) refused. The bytes hashed are the bytes
+    loaded: the library is opened once and loaded through that descriptor where /proc shows it, which then stays
+    open (dlopen takes a name it loaded before for the same library: /proc/self/fd/N must not name another)."""
+    try:
+        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        log.warning("The cached panel kernel %s is not loaded (%s): it is built again.", target, err.strerror or err)
+        return None
+    try:
+        st = os.fstat(fd)
+        problem = "not a regular file" if not stat.S_ISREG(st.st_mode) else _not_private(st)
+        if problem is None:
+            with open(fd, "rb", closefd=False) as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            try:
+                recorded = _read_private(_record_of(target)).decode("ascii", "replace").strip()
+            except OSError as err:
+                recorded, problem = "", f"its sha256 record: {err.strerror or err}"
+            if problem is None and not hmac.compare_digest(digest, recorded):
+                problem = "its sha256 is not the one recorded when it was built"
+        if problem is not None:
+            log.warning("The cached panel kernel %s is not loaded (%s): it is built again.", target, problem)
+            return None
+        path = f"/proc/self/fd/{fd}"
+        if not os.path.exists(path):
+            return ctypes.CDLL(str(target))
+        lib = ctypes.CDLL(path)
+        fd = -1  # held for the life of the process, as the library is
+        return lib
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _compile(cc: str, flags: tuple[str, ...], target: Path) -> str | None:
+    """Builds `target` with its sha256 record beside it (each written whole, then renamed into place: another
+    process building the same library meanwhile is harmless); the compiler's complaint when it fails."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        # relative names: the library's bytes do not depend on the temporary folder, so concurrent builds agree
+        Path(tmp, "panel_matmul.c").write_text(SOURCE)
+        done = _run([cc, *flags, "panel_matmul.c", "-o", "panel_matmul.so"], cwd=Path(tmp))
+        if done.returncode != 0:
+            return done.stderr.strip()
+        out, record = Path(tmp, "panel_matmul.so"), Path(tmp, "panel_matmul.sha256")
+        os.chmod(out, 0o700)
+        record.write_text(hashlib.sha256(out.read_bytes()).hexdigest() + "\n")
+        os.chmod(record, 0o600)
+        os.replace(record, _record_of(target))
+        os.replace(out, target)
+    return None
+
+
+def _build(cc: str, folder: Path) -> ctypes.CDLL:
+    """The compiled library, loaded: from `folder` where a verified one is kept, else built there (with OpenMP
+    first, then without: one thread, `panel_threaded`); OSError when it cannot be, UntrustedCache (an OSError)
+    when the folder is not this user's alone."""
+    _private_folder(folder)
     version = _run([cc, "--version"]).stdout
-    key = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), version, _machine()]).encode()).hexdigest()[:16]
-    target = folder / f"panel_matmul-{key}.so"
-    if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        src = Path(tmp) / "panel_matmul.c"
-        src.write_text(SOURCE)
-        out = Path(tmp) / target.name
-        errors = ""
-        # with OpenMP first (the panels split across torch's threads), then without (one thread: `panel_threaded`)
-        for extra in (["-fopenmp"], []):
-            done = _run([cc, *FLAGS, *extra, str(src), "-o", str(out)])
-            if done.returncode == 0:
-                os.replace(out, target)  # atomic: another process building the same library meanwhile is harmless
-                return target
-            errors = done.stderr.strip()
-        lines = errors.splitlines()
-        raise OSError(next((line for line in lines if "error" in line), lines[-1] if lines else f"{cc} failed"))
+    errors = ""
+    for flags in (FLAGS + OPENMP, FLAGS):
+        target = folder / f"panel_matmul-{_key(flags, version)}.so"
+        lib = _load_verified(target)
+        if lib is None:
+            errors = _compile(cc, flags, target) or ""
+            lib = None if errors else _load_verified(target)
+        if lib is not None:
+            return lib
+    lines = errors.splitlines()
+    raise OSError(next((line for line in lines if "error" in line), lines[-1] if lines else f"{cc} failed"))
 
 
 def _checked(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -221,7 +329,10 @@ def library() -> ctypes.CDLL | None:
                      "where torch has it).")
         else:
             try:
-                lib = _checked(ctypes.CDLL(str(_build(cc, kernel_folder()))))
+                lib = _checked(_build(cc, kernel_folder()))
+            except UntrustedCache as err:
+                log.warning("The kernel cache folder is not this user's alone (%s): fp32 steps run without "
+                            "rest-lsp's panel kernel (on oneDNN where torch has it).", err)
             except Exception as err:  # noqa: BLE001 - whatever went wrong, the step runs on what torch has
                 log.warning("The panel kernel could not be built with %s (%s): fp32 steps run without it (on oneDNN "
                             "where torch has it).", cc, err)
