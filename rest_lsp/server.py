@@ -25,8 +25,9 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument, Workspace
 
-from rest_lsp import __version__
+from rest_lsp import __version__, tcp
 from rest_lsp import settings as settings_module
+from rest_lsp.admission import OnceInitializedProtocol
 from rest_lsp.service.completion import Completion, CompletionService
 from rest_lsp.settings import Settings
 
@@ -67,7 +68,8 @@ class LspWorkspace(Workspace):
 
 class RestLanguageServer(LanguageServer):
     def __init__(self, settings: Settings):
-        super().__init__("rest-lsp", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        super().__init__("rest-lsp", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+                         protocol_cls=OnceInitializedProtocol)  # a second initialize is refused, the first kept
         self.defaults = settings  # the CLI flags: what a null setting from the editor goes back to
         self.settings = settings  # CLI flags, then initializationOptions, then didChangeConfiguration
         self.service: CompletionService | None = None
@@ -353,7 +355,12 @@ def create_server(settings: Settings | None = None) -> RestLanguageServer:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
-    parser.add_argument("--tcp", metavar="HOST:PORT", help="listen for one LSP client on a TCP socket")
+    parser.add_argument("--tcp", metavar="[HOST:]PORT",
+                        help="listen for one LSP client on a TCP socket (host 127.0.0.1 unless given; [::1]:PORT "
+                             "for IPv6; any other than loopback needs --token-file)")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="with --tcp: a client must send this file's token in initializationOptions.token "
+                             "(the file: one line, mode 600)")
     parser.add_argument("--log-file", help="write the server log here (default: stderr)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     settings_module.add_arguments(parser)
@@ -367,15 +374,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("pygls").setLevel(logging.WARNING)
     server = create_server(Settings.from_args(args))
     if args.tcp:
-        host, _, port = args.tcp.rpartition(":")
-        if not host or not port.isdigit():
-            print(f"rest-lsp: --tcp wants HOST:PORT, got {args.tcp!r}.", file=sys.stderr)
-            return 2
-        try:
-            server.start_tcp(host, int(port))
-        except OSError as err:
-            print(f"rest-lsp: cannot listen on {args.tcp} ({err.strerror or err}).", file=sys.stderr)
-            return 2
+        return tcp.run(server, args.tcp, args.token_file)
     else:
         server.start_io()
     return 0

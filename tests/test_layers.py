@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rest_lsp"
 # (layer name, its modules or subpackages), lowest first. A module of one layer may import its own layer's
 # modules and those of the layers listed before it, never one listed after it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("shared", ("rest_lsp", "rest_lsp.errors", "rest_lsp.priority")),
+    ("shared", ("rest_lsp", "rest_lsp.errors", "rest_lsp.priority", "rest_lsp.auth")),
     ("datastore", ("rest_lsp.datastore",)),
     ("drafting", ("rest_lsp.drafting",)),
     ("engine", ("rest_lsp.engine",)),
@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("service", ("rest_lsp.service",)),
     ("team", ("rest_lsp.team",)),
     ("commands", ("rest_lsp.commands",)),
-    ("server", ("rest_lsp.server",)),
+    ("server", ("rest_lsp.server", "rest_lsp.admission", "rest_lsp.tcp")),
     ("cli", ("rest_lsp.cli",)),
 ]
 # Third-party packages a layer must never import (the service knows no LSP types; the datastore no model).
