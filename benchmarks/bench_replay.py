@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
-import json
 import os
 import platform
 import random
@@ -49,7 +48,6 @@ import re
 import shutil
 import statistics
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -60,12 +58,15 @@ from lsprotocol import types
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import llama_vim  # noqa: E402
+from benchmarks.harness import RESULTS, corpus_files, percentile, stdlib_corpora, write_json  # noqa: E402
 from benchmarks.lsp_client import ServerSession, position_of, server_command, utf16_len  # noqa: E402
 from rest_lsp.drafting.drafts import SOURCE_NAMES  # noqa: E402
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-DEFAULT_CORPORA = (STDLIB / "json", STDLIB / "email", REPO / "rest_lsp")
+DEFAULT_CORPORA = (*stdlib_corpora("json", "email"), REPO / "rest_lsp")
 CONFIGS = {"rest": (), "plain": ("--draft-budget", "0")}  # name -> server CLI flags
+LLAMA = "llama-server"  # llama.cpp's server asked as llama.vim asks it (benchmarks/llama_vim.py)
+CONFIGS[LLAMA] = llama_vim.SERVER_FLAGS
 # Ablations: REST with one draft source left out
 for _source in SOURCE_NAMES:
     CONFIGS[f"rest-no-{_source}"] = ("--draft-exclude", _source)
@@ -209,31 +210,19 @@ def first_line_matches(suggestion: str, expected: str) -> bool:
     return bool(expected.strip()) and first_line(suggestion).rstrip() == expected.rstrip()
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100), interpolating linearly between the closest ranks (numpy's default)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+def written_from(episode: Episode, s: int) -> str:
+    """What the person writes from step `s`'s cursor (after its indentation) to the end of the episode."""
+    return "".join(step.rest + step.after for step in episode.steps[s:])
 
 
-def corpus_files(root: Path) -> dict[str, str]:
-    """Relative path -> text of the Python files under `root` that parse and use "\\n" line breaks only."""
-    files = {}
-    for path in sorted(root.rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-            ast.parse(text)
-        except (UnicodeDecodeError, SyntaxError, ValueError):
-            continue
-        if "\r" not in text:
-            files[path.relative_to(root).as_posix()] = text
-    return files
+def kept_chars(suggestion: str, truth: str) -> int:
+    """Characters of the suggestion the person would keep: its longest common prefix with what they wrote."""
+    n = 0
+    for a, b in zip(suggestion, truth):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def choose_functions(files: dict[str, str], n: int, rng: random.Random,
@@ -287,7 +276,8 @@ class Person:
             await asyncio.sleep(pause)
             pause = self.pause_s
             column = utf16_len(step.indent)
-            record = await self.ask(uri, episode, s, step, "", first=s == 0)
+            truth = written_from(episode, s)
+            record = await self.ask(uri, episode, s, step, "", first=s == 0, truth=truth)
             typed = ""
             key = f"{episode.file}:{episode.function}:{s}"
             if self.mode == "typed" and step.typed_chars:
@@ -297,12 +287,13 @@ class Person:
                     typed = step.rest[:step.typed_chars]
                     self.session.insert(uri, types.Position(step.line, column), typed)
                     await asyncio.sleep(self.pause_s)
-                    await self.ask(uri, episode, s, step, typed, first=False)
+                    await self.ask(uri, episode, s, step, typed, first=False, truth=truth[len(typed):])
             at = types.Position(step.line, column + utf16_len(typed))
             self.session.insert(uri, at, step.rest[len(typed):] + step.after)
         self.session.close(uri)
 
-    async def ask(self, uri: str, episode: Episode, s: int, step: LineStep, typed: str, first: bool) -> dict:
+    async def ask(self, uri: str, episode: Episode, s: int, step: LineStep, typed: str, first: bool,
+                  truth: str) -> dict:
         at = types.Position(step.line, utf16_len(step.indent + typed))
         ms, text, how, before, after = await self.session.inline(uri, at)
         expected = step.rest[len(typed):]
@@ -312,6 +303,7 @@ class Person:
             "first_after_open": first, "line": step.line + 1, "character": at.character, "typed": typed,
             "expected": expected, "ms": round(ms, 1), "text": text, "answer": how,
             "first_line_match": first_line_matches(text, expected),
+            "shown_chars": len(text), "kept_chars": kept_chars(text, truth),
             **counter_deltas(before, after),
         }
         self.records.append(record)
@@ -370,14 +362,17 @@ class Replay:
 
     def __init__(self, config: str, corpus: str, mode: str, tag: str, flags: list[str], work: Path):
         self.config, self.corpus, self.mode, self.tag, self.flags, self.work = config, corpus, mode, tag, flags, work
-        self.session: ServerSession | None = None
+        self.session: ServerSession | llama_vim.LlamaVimSession | None = None
         self.person: Person | None = None
         self.load_s = self.index_s = 0.0
+        self.unsupported = ""  # why this configuration cannot run here (llama-server: a model without FIM tokens)
 
     @classmethod
     async def start(cls, args: argparse.Namespace, config: str, root: Path, work: Path, corpus: str, mode: str,
                     decisions: dict, decide: bool) -> "Replay":
         tag = f"{config}-{mode}"
+        if config == LLAMA:
+            return await cls.start_llama(args, corpus, mode, tag, work, decisions, decide)
         flags = ["--log-level", "WARNING", "--log-file", str(work / f"server-{tag}.log"),
                  "--cache-dir", str(work / f"cache-{tag}"), *CONFIGS[config]]
         if args.model:
@@ -393,18 +388,47 @@ class Replay:
             replay.load_s = time.perf_counter() - t0
             await replay.session.wait_indexed(1)
             replay.index_s = time.perf_counter() - t0 - replay.load_s
-            warm_uri = (work / f"warmup-{tag}.py").as_uri()  # outside the workspace folder
-            replay.session.open(warm_uri, WARMUP_TEXT)
-            await replay.session.inline(warm_uri, position_of(WARMUP_TEXT))
-            replay.session.close(warm_uri)
-            await settle(replay.session.pid)
+            await replay.warm_up()
         except BaseException:
             await replay.stop(failed=True)
             raise
         replay.person = Person(replay.session, config, corpus, mode, args.pause_ms / 1e3, decisions, decide)
         return replay
 
+    @classmethod
+    async def start_llama(cls, args: argparse.Namespace, corpus: str, mode: str, tag: str, work: Path,
+                          decisions: dict, decide: bool) -> "Replay":
+        """llama-server on the same GGUF and threads, and an editor that asks it as llama.vim does."""
+        binary = llama_vim.find_binary(args.llama_server)
+        if binary is None:
+            raise SystemExit("bench_replay: no llama-server; build it with `bash benchmarks/build_llama_server.sh` "
+                             "or name one with --llama-server.")
+        gguf = llama_gguf(args.model)
+        server = await llama_vim.LlamaServer.start(binary, gguf, args.threads, work / f"server-{tag}.log")
+        replay = cls(LLAMA, corpus, mode, tag, [str(binary), *server.flags], work)
+        replay.session = llama_vim.LlamaVimSession(server, args.seed, speculative=not args.no_speculative)
+        try:
+            replay.unsupported = await replay.warm_up()
+        except BaseException:
+            await replay.stop(failed=True)
+            raise
+        if replay.unsupported:
+            print(f"bench_replay: llama-server answers no request here: {replay.unsupported}", file=sys.stderr)
+        replay.person = Person(replay.session, LLAMA, corpus, mode, args.pause_ms / 1e3, decisions, decide)
+        return replay
+
+    async def warm_up(self) -> str:
+        """One unmeasured request in a scratch buffer outside the workspace; returns the error it met, if any."""
+        warm_uri = (self.work / f"warmup-{self.tag}.py").as_uri()
+        self.session.open(warm_uri, WARMUP_TEXT)
+        _, _, how, _, _ = await self.session.inline(warm_uri, position_of(WARMUP_TEXT))
+        self.session.close(warm_uri)
+        await settle(self.session.pid)
+        return self.session.messages[-1] if how == "error" and self.session.messages else ""
+
     async def write(self, root: Path, episode: Episode) -> None:
+        if self.unsupported:
+            return
         try:
             await self.person.write((root / episode.file).as_uri(), episode)
             await settle(self.session.pid)
@@ -416,7 +440,7 @@ class Replay:
         final = await self.session.stats()
         info = {"config": self.config, "corpus": self.corpus, "mode": self.mode, "flags": self.flags,
                 "model_load_s": round(self.load_s, 1), "index_s": round(self.index_s, 1), "final_stats": final,
-                "messages": self.session.messages}
+                "messages": self.session.messages, "unsupported": self.unsupported}
         await self.stop()
         return self.person.records, info
 
@@ -429,6 +453,18 @@ class Replay:
         if self.session is not None:
             session, self.session = self.session, None
             await session.stop()
+
+
+def llama_gguf(model: str | None) -> Path:
+    """The GGUF file llama-server loads: --model when it is one, else the default model's bundled file."""
+    if model is None:
+        from rest_lsp.engine.model_source import DEFAULT_MODEL, resolve
+
+        folder, name = resolve(DEFAULT_MODEL)
+        return Path(folder) / name
+    if Path(model).is_file() and model.endswith(".gguf"):
+        return Path(model)
+    raise SystemExit(f"bench_replay: llama-server needs a .gguf file; --model is {model!r}.")
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -471,13 +507,15 @@ async def run(args: argparse.Namespace) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {
-        "driver": "the real server over stdio (pygls LanguageClient); time from request sent to reply received",
+        "driver": "the real server over stdio (pygls LanguageClient); time from request sent to reply received; "
+                  "llama-server: from the cursor's arrival to the suggestion shown, as llama.vim asks it",
         "model": args.model or "default (SmolLM2-135M-Instruct, from its .gguf)",
         "device": "server default (cpu here)", "dtype": args.dtype or "server default", "cpu_count": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
         "seed": args.seed, "functions_per_corpus": args.functions, "max_lines": args.lines, "modes": modes,
         "pause_ms": args.pause_ms, "max_new_tokens": args.max_new_tokens or "server default",
-        "configs": {c: list(CONFIGS[c]) for c in args.configs}, "plans": plans,
+        "configs": {c: list(CONFIGS[c]) for c in args.configs}, "plans": plans, "threads": args.threads,
+        "llama_vim_speculative": not args.no_speculative if LLAMA in args.configs else None,
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "processes": processes, "requests": records,
     }
@@ -516,6 +554,10 @@ def summarize(records: list[dict], processes: list[dict]) -> dict:
         "p50_ms": percentile(later, 50), "p95_ms": percentile(later, 95),
         "first_after_open_median_ms": statistics.median(first) if first else None,
         "first_line_matches": sum(r["first_line_match"] for r in records),
+        "shown": sum(bool(r["text"]) for r in records),
+        "shown_chars": sum(r.get("shown_chars", 0) for r in records),
+        "kept_chars": sum(r.get("kept_chars", 0) for r in records),
+        "unsupported": next((p.get("unsupported") for p in processes if p.get("unsupported")), ""),
         **decode_rates(records, processes),
     }
 
@@ -566,7 +608,13 @@ def add_summary(results: dict, configs: list[str]) -> None:
             s["plain_step_ms"] = plain_step
             s["p50_plain_steps"] = s["p50_ms"] / plain_step if plain_step and s["p50_ms"] is not None else None
             s["p95_plain_steps"] = s["p95_ms"] / plain_step if plain_step and s["p95_ms"] is not None else None
-    results["identical"] = compare(records, configs)
+    results["identical"] = compare(records, exact_configs(configs))
+
+
+def exact_configs(configs: list[str]) -> list[str]:
+    """The configurations whose suggestions must be identical: rest-lsp's (llama-server is another engine on the
+    GGUF's quantized weights, sampling as llama.vim asks)."""
+    return [c for c in configs if c != LLAMA]
 
 
 def _ratio(a, b) -> str:
@@ -583,11 +631,11 @@ def table(results: dict, configs: list[str]) -> str:
            f"{results['max_lines']} lines per corpus ({corpora}), seed {results['seed']}, pause "
            f"{results['pause_ms']} ms, max new tokens {results['max_new_tokens']}; {results['model']}; "
            f"{results['driver']}."]
-    ratio = "rest" in configs and "plain" in configs
+    ratios = [(a, b) for a, b in (("rest", "plain"), ("rest", LLAMA)) if a in configs and b in configs]
     for mode, per in results["summary"].items():
         s = [per[c] for c in configs]
         cell = lambda f: [f(x) for x in s]  # noqa: E731
-        head = "| " + mode + " mode | " + " | ".join(configs) + (" | rest/plain |" if ratio else " |")
+        head = "| " + mode + " mode | " + " | ".join(configs) + "".join(f" | {a}/{b}" for a, b in ratios) + " |"
         rows = [
             ("requests (first after open / type-through / empty / ready before asked)",
              cell(lambda x: f"{x['requests']} ({x['first_after_open']}/{x['type_through']}/{x['empty']}/"
@@ -598,21 +646,27 @@ def table(results: dict, configs: list[str]) -> str:
              "p95_ms"),
             ("first request after opening a file, median ms", cell(lambda x: _num(x["first_after_open_median_ms"])),
              "first_after_open_median_ms"),
-            ("first-line exact matches",
-             cell(lambda x: f"{x['first_line_matches']}/{x['requests']}"), "first_line_matches"),
+            ("first line exactly right", cell(lambda x: f"{x['first_line_matches']}/{x['requests']}"),
+             "first_line_matches"),
+            ("characters kept (common prefix with what was written) / shown",
+             cell(lambda x: f"{x['kept_chars']}/{x['shown_chars']}"), "kept_chars"),
+            ("suggestions shown", cell(lambda x: f"{x['shown']}/{x['requests']}"), None),
             ("tokens/step", cell(lambda x: _num(x["tokens_per_step"], ".2f")), "tokens_per_step"),
             ("ms/token", cell(lambda x: _num(x["ms_per_token"], ".1f")), "ms_per_token"),
         ]
-        out += ["", head, "|---" * (len(configs) + 1 + ratio) + "|"]
+        out += ["", head, "|---" * (len(configs) + 1 + len(ratios)) + "|"]
         for label, cells, key in rows:
-            extra = f" {_ratio(per['rest'][key], per['plain'][key])} |" if ratio and key else (" |" if ratio else "")
+            extra = "".join(f" {_ratio(per[a][key], per[b][key]) if key else ''} |" for a, b in ratios)
             out.append(f"| {label} | " + " | ".join(cells) + " |" + extra)
+        for c in configs:
+            if per[c].get("unsupported"):
+                out.append(f"\n{c} answered no request with this model: {per[c]['unsupported']}")
         plain_step = s[0]["plain_step_ms"]
         out.append("")
         out.append(f"Plain decoding step in this run (ms/token of the plain server): {_num(plain_step, '.1f')} ms. "
                    f"tokens/step and ms/token: {s[0]['source']}.")
         same = results["identical"][mode]
-        if len(configs) > 1:
+        if len(exact_configs(configs)) > 1:
             cut = len(same.get("cut_at_a_line_end", []))
             out.append(f"Request sequences identical across configurations: {'yes' if same['same_requests'] else 'NO'}. "
                        f"Identical suggestions: {same['compared'] - len(same['mismatches']) - cut}/{same['compared']} "
@@ -620,7 +674,7 @@ def table(results: dict, configs: list[str]) -> str:
                        f"{len(same['mismatches'])} mismatches.")
             for m in same["mismatches"]:
                 out.append(f"  mismatch {m['corpus']}/{m['file']}:{m['line']} ({m['kind']}): "
-                           + "  vs  ".join(f"{c}={m[c]!r}" for c in configs if c in m))
+                           + "  vs  ".join(f"{c}={m[c]!r}" for c in exact_configs(configs) if c in m))
     load = results["load_average_before_after"]
     out += ["", f"Load average (1 min) before/after: {load} on {results['cpu_count']} cores."]
     return "\n".join(out)
@@ -677,9 +731,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default=None,
                         help="the servers' --dtype (default: theirs; float32 is the exact mode, float16-weights the "
                              "default for the bundled .gguf model on a CPU without bf16)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "replay.json",
+    parser.add_argument("--llama-server", default=None,
+                        help="the llama-server binary of the llama-server configuration (default: $LLAMA_SERVER, "
+                             "else what benchmarks/build_llama_server.sh built)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="llama-server's threads (default: the cores this process may use, as torch's default "
+                             "in our server)")
+    parser.add_argument("--no-speculative", action="store_true",
+                        help="llama-server configuration: no speculative request after a shown suggestion")
+    parser.add_argument("--out", type=Path, default=RESULTS / "replay.json",
                         help="the JSON of all requests; the PNG goes beside it")
     args = parser.parse_args(argv)
+    if args.threads is None:
+        args.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     args.corpus = [c.resolve() for c in args.corpus or DEFAULT_CORPORA]
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = [c for c in args.configs if c not in CONFIGS]
@@ -698,8 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     results = asyncio.run(run(args))
     add_summary(results, args.configs)
     print(table(results, args.configs))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    write_json(args.out, results, ["benchmarks/bench_replay.py", *(sys.argv[1:] if argv is None else argv)])
     png = args.out.with_suffix(".png")
     plot(results, args.configs, png)
     print(f"\nsaved {args.out} and {png}")

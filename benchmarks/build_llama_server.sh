@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's llama-server (the server llama.vim and llama.vscode talk to) for bench_replay's llama-server
+# configuration, from the llama.cpp sources the `bench` extra already uses: llama-cpp-python's sdist vendors them.
+#
+#   bash benchmarks/build_llama_server.sh            # prints the path of the built llama-server
+#   LLAMA_CPP_PYTHON_VERSION=0.3.36 JOBS=2 bash benchmarks/build_llama_server.sh
+#
+# Idempotent: the sdist, the sources and the build live in benchmarks/.llama.cpp/ (git-ignored); a second run
+# only prints the path. Needs the network once (pip download), cmake and a C++ compiler.
+# Rule: on a CPU with AVX-512 the AVX-512 kernels are built without AMX (a native build of this llama.cpp version
+# with AMX crashes on any prompt batch on such a machine); on any other CPU the plain AVX2 build.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="${LLAMA_SERVER_DIR:-$here/.llama.cpp}"
+version="${LLAMA_CPP_PYTHON_VERSION:-}"
+jobs="${JOBS:-2}"
+python="${PYTHON:-$here/../.venv/bin/python}"
+[ -x "$python" ] || python=python3
+
+binary="$root/build/bin/llama-server"
+if [ -x "$binary" ]; then
+    echo "$binary"
+    exit 0
+fi
+
+mkdir -p "$root"
+if ! ls "$root"/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
+    spec="llama-cpp-python${version:+==$version}"
+    "$python" -m pip download --no-binary :all: --no-deps --dest "$root" "$spec" >&2
+fi
+sdist="$(ls "$root"/llama_cpp_python-*.tar.gz | sort | tail -1)"
+src="$root/src"
+if [ ! -f "$src/CMakeLists.txt" ]; then
+    rm -rf "$src" "$root/unpack"
+    mkdir -p "$root/unpack"
+    tar -xzf "$sdist" -C "$root/unpack"
+    mv "$root"/unpack/llama_cpp_python-*/vendor/llama.cpp "$src"
+    rm -rf "$root/unpack"
+fi
+
+flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF
+       -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF)
+if grep -q avx512f /proc/cpuinfo 2>/dev/null; then
+    flags+=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+            -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    grep -q avx512_vnni /proc/cpuinfo && flags+=(-DGGML_AVX512_VNNI=ON)
+    grep -q avx512_bf16 /proc/cpuinfo && flags+=(-DGGML_AVX512_BF16=ON)
+    grep -q avx512vbmi /proc/cpuinfo && flags+=(-DGGML_AVX512_VBMI=ON)
+else
+    flags+=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+fi
+
+cmake -S "$src" -B "$root/build" "${flags[@]}" >&2
+nice -n 15 cmake --build "$root/build" --target llama-server -j "$jobs" >&2
+echo "$binary"
