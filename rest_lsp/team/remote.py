@@ -1,0 +1,436 @@
+"""The completion service's interface, served by a team's server: what server.py calls, over HTTP.
+
+The editor keeps its files: the workspace is indexed and watched here with the server's own tokenizer (fetched
+from it: no model, no torch on this side), and goes to the server as a snapshot, then deltas (mirror.py). Edits
+and cursor moves go as hints; a completion carries the hints not sent yet. A completion whose replica died is
+sent once more and the workspace again (to the replica that takes it over); an unreachable server is said once.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import itertools
+import logging
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+from rest_lsp.service.feeding import DatastoreFeed, workspace_key
+from rest_lsp.service.scheduling import Completion, resolve_future
+from rest_lsp.settings import Settings
+from rest_lsp.team.http import Http, Refused, TimedOut, Unreachable
+from rest_lsp.team.mirror import Mirror, RecordingDatastore
+from rest_lsp.team.protocol import API, CLIENT_SETTINGS, CompleteRequest, Event, Events
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 2.0  # wait between attempts to reach an unreachable server
+SYNC_WAIT_S = 0.2  # a delta gathers the changes of this long
+INDEX_WAIT_S = 120  # the first snapshot waits this long for the local index (completions meanwhile use the model)
+COMPLETE_SLACK_S = 10.0  # a completion waits this much longer than the time budget before it is given up
+
+
+def workspace_id(roots: list[Path]) -> str:
+    """A name for logs (user@host:folder) and a random part: two editors on one folder never share an epoch."""
+    where = ",".join(sorted(str(r) for r in roots))
+    name = Path(sorted(str(r) for r in roots)[0]).name if roots else "no-folder"
+    digest = hashlib.sha256(where.encode()).hexdigest()[:6]
+    return f"{getpass.getuser()}@{socket.gethostname()}:{name}-{digest}-{uuid.uuid4().hex[:8]}"
+
+
+class RemoteTicket:
+    def __init__(self, service: "RemoteService", request_id: str):
+        self._service, self.request_id = service, request_id
+        self.future: Future = Future()
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Give up this request: None now, and the replica stops its work."""
+        if self.cancelled.is_set():
+            return
+        self.cancelled.set()
+        resolve_future(self.future, None)
+        self._service._cancel_remote(self.request_id)
+
+
+class RemoteService:
+    def __init__(self, settings: Settings, events, url: str, token: str):
+        self.settings = settings
+        self.events = events
+        self.url = url
+        self._token = token
+        self._lock = threading.RLock()
+        self._ready = threading.Event()  # the server's tokenizer is here: the local index can run
+        self._closed = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._loaded = None  # SimpleNamespace(tokenizer=SavedTokenizer): what the feed needs of a model
+        self._roots: list[Path] = []
+        self.workspace = workspace_id([])
+        self._http: Http | None = None
+        self._mirror: Mirror | None = None
+        self._need_snapshot = True
+        self._sync_wake = threading.Event()
+        self._pending_delta = None
+        self._events: list[Event] = []
+        self._event_seq = itertools.count(1)
+        self._events_wake = threading.Event()
+        self._requests = ThreadPoolExecutor(4, thread_name_prefix="rest-lsp-remote")
+        self._ids = itertools.count(1)
+        self.status = "connecting"
+        self.load_error: str | None = None
+        self._said_unreachable = False
+        self._remote_stats: dict = {}
+        self._counts = {"completions_served": 0, "completions_sent": 0, "retried": 0, "snapshots_sent": 0,
+                        "deltas_sent": 0, "cancelled": 0, "unreachable": 0}
+        self._feed = DatastoreFeed(self)
+
+    # -- what the feed needs of its host ------------------------------------------------------------------------
+    def _tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        return self._loaded.tokenizer.encode_batch(texts)
+
+    def _report(self, level: str, text: str) -> None:
+        try:
+            self.events.message(level, text)
+        except Exception:
+            log.exception("reporting %r failed", text)
+
+    def _spawn(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    def wait_indexed(self, timeout: float | None = None) -> bool:
+        return self._feed.indexed.wait(timeout)
+
+    def start(self, roots: list[Path] | None = None) -> None:
+        with self._lock:
+            self._roots = [Path(r) for r in roots or []]
+            self._feed.roots = list(self._roots)
+            self.workspace = workspace_id(self._roots)
+            self._http = Http(self.url, self._token, self.workspace)
+        log.info("workspace %s on %s", self.workspace, self.url)
+        self._spawn(self._sync_loop, "rest-lsp-remote-sync")
+        self._spawn(self._events_loop, "rest-lsp-remote-events")
+
+    def update_settings(self, settings: Settings) -> None:
+        with self._lock:
+            old, self.settings = self.settings, settings
+        if _client_settings(old) != _client_settings(settings):
+            self._request_snapshot()
+        if self._ready.is_set() and workspace_key(old) != workspace_key(settings):
+            self._feed.restart_indexing()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closed.set()
+        self._sync_wake.set()
+        self._events_wake.set()
+        threads = self._feed.close() + list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+        self._requests.shutdown(wait=False, cancel_futures=True)
+        if self._feed.datastore is not None:
+            self._feed.datastore.close()
+
+    # -- documents and hints ------------------------------------------------------------------------------------
+    def open_buffer(self, doc_id: str, text: str) -> None:
+        self._feed.open_buffer(doc_id, text)
+
+    change_buffer = open_buffer
+
+    def close_buffer(self, doc_id: str) -> None:
+        self._feed.close_buffer(doc_id)
+
+    def cancel(self, doc_id: str) -> None:
+        self._hint(Event(kind="cancel", doc_id=doc_id))
+
+    def expect(self, doc_id: str, text: str, offset: int) -> None:
+        self._hint(Event(kind="change", doc_id=doc_id, text=text, offset=max(0, min(offset, len(text)))))
+
+    def moved(self, doc_id: str, text: str, offset: int) -> bool:
+        self._hint(Event(kind="cursor", doc_id=doc_id, text=text, offset=max(0, min(offset, len(text)))))
+        return True
+
+    def _hint(self, event: Event) -> None:
+        with self._lock:
+            self._events.append(event)
+        self._events_wake.set()
+
+    def _take_hints(self) -> Events | None:
+        with self._lock:
+            if not self._events:
+                return None
+            events, self._events = self._events, []
+            return Events(seq=next(self._event_seq), events=events)
+
+    def _events_loop(self) -> None:
+        while not self._closed.is_set():
+            self._events_wake.wait()
+            self._events_wake.clear()
+            batch = self._take_hints()
+            if batch is None or self.status != "connected":
+                continue
+            try:
+                self._http.call("POST", f"{API}/workspaces/{self.workspace}/events", batch.model_dump(), timeout=5)
+            except (Unreachable, Refused) as err:  # hints: a lost one costs a warm-up, never a suggestion
+                log.info("hints not delivered: %s", err)
+
+    # -- completions --------------------------------------------------------------------------------------------
+    def submit(self, doc_id: str, text: str, offset: int) -> RemoteTicket:
+        ticket = RemoteTicket(self, f"{next(self._ids)}-{uuid.uuid4().hex[:8]}")
+        if self.status != "connected":
+            resolve_future(ticket.future, None)
+            return ticket
+        offset = max(0, min(offset, len(text)))
+        self._requests.submit(self._run, ticket, doc_id, text, offset)
+        return ticket
+
+    def _run(self, ticket: RemoteTicket, doc_id: str, text: str, offset: int) -> None:
+        try:
+            resolve_future(ticket.future, self._complete(ticket, doc_id, text, offset))
+        except Exception as err:  # never leave the editor waiting
+            log.exception("a remote completion failed")
+            resolve_future(ticket.future, None)
+            self._report("warning", f"rest-lsp: a completion failed: {err}")
+
+    def _complete(self, ticket: RemoteTicket, doc_id: str, text: str, offset: int) -> Completion | None:
+        body = CompleteRequest(request_id=ticket.request_id, doc_id=doc_id, text=text, offset=offset,
+                               events=self._take_hints()).model_dump()
+        path = f"{API}/workspaces/{self.workspace}/complete"
+        timeout = self.settings.time_budget_ms / 1e3 + COMPLETE_SLACK_S
+        with self._lock:
+            self._counts["completions_sent"] += 1
+        for attempt in (0, 1):
+            if ticket.cancelled.is_set():
+                return None
+            try:
+                reply = self._http.call("POST", path, body, timeout=timeout)
+                break
+            except TimedOut:
+                log.warning("[%s] completion %s timed out after %.0f s: cancelled", self.workspace,
+                            ticket.request_id, timeout)
+                ticket.cancel()
+                return None
+            except Unreachable as err:
+                if attempt or self._closed.is_set():
+                    self._unreachable(err)
+                    return None
+                # its replica died, most likely: once more (completions are idempotent), then the workspace again
+                log.warning("[%s] completion %s failed (%s): retried once", self.workspace, ticket.request_id, err)
+                with self._lock:
+                    self._counts["retried"] += 1
+                self._request_snapshot()
+            except Refused as err:
+                log.warning("[%s] completion refused: %s", self.workspace, err)
+                return None
+        if reply.get("need_snapshot"):
+            self._request_snapshot()
+        if ticket.cancelled.is_set() or reply.get("text") is None:
+            return None
+        with self._lock:
+            self._counts["completions_served"] += 1
+            self._remote_stats["replica"] = reply.get("replica")
+        return Completion(reply["text"], reply["id"], reply["tokens"], reply["steps"], reply["latency_ms"],
+                          reply["source"])
+
+    def _cancel_remote(self, request_id: str) -> None:
+        with self._lock:
+            self._counts["cancelled"] += 1
+        if self._http is None or self._closed.is_set():
+            return
+
+        def send() -> None:
+            try:
+                self._http.call("POST", f"{API}/workspaces/{self.workspace}/cancel", {"request_id": request_id},
+                                timeout=5)
+            except (Unreachable, Refused) as err:
+                log.info("cancel of %s not delivered: %s", request_id, err)
+
+        self._requests.submit(send)
+
+    def accept(self, completion_id: int | None, text: str) -> bool:
+        if self.status != "connected" or not text:
+            return False
+        try:
+            answer = self._http.call("POST", f"{API}/workspaces/{self.workspace}/accept",
+                                     {"id": completion_id, "text": text}, timeout=10)
+        except (Unreachable, Refused) as err:
+            log.info("accept not delivered: %s", err)
+            return False
+        return bool(answer.get("accepted"))
+
+    def drafts(self, text: str, limit: int = 10) -> list[tuple[str, float]]:
+        if self.status != "connected":
+            return []
+        try:
+            found = self._http.call("POST", f"{API}/workspaces/{self.workspace}/drafts", {"text": text}, timeout=10)
+        except (Unreachable, Refused):
+            return []
+        return [(d["text"], float(d["weight"])) for d in found[:limit]]
+
+    def stats(self) -> dict:
+        if self.status == "connected":
+            try:
+                self._remote_stats.update(self._http.call("GET", f"{API}/workspaces/{self.workspace}/stats",
+                                                          timeout=2))
+            except (Unreachable, Refused):
+                pass
+        store = self._feed.datastore.stats() if self._feed.datastore is not None else {}
+        with self._lock:
+            return {**self._remote_stats, **self._counts, "mode": "remote", "remote": self.url,
+                    "status": self.status, "workspace": self.workspace, "ready": self.status == "connected",
+                    "load_error": self.load_error, "local_documents": int(store.get("documents", 0)),
+                    "local_tokens": int(store.get("tokens", 0))}
+
+    # -- the workspace's sync -----------------------------------------------------------------------------------
+    def _request_snapshot(self) -> None:
+        with self._lock:
+            self._need_snapshot = True
+        self._sync_wake.set()
+
+    def _unreachable(self, err: Exception) -> None:
+        with self._lock:
+            self._counts["unreachable"] += 1
+            first = not self._said_unreachable
+            self._said_unreachable = True
+            self.status = "unreachable"
+            self.load_error = f"the team server at {self.url} cannot be reached ({err})"
+            self._need_snapshot = True
+        if first:
+            self._report("error", f"rest-lsp: the team server at {self.url} cannot be reached ({err}); "
+                                  "completions resume when it answers.")
+        self._sync_wake.set()
+
+    def _reached(self) -> None:
+        with self._lock:
+            said, self._said_unreachable = self._said_unreachable, False
+            self.status, self.load_error = "connected", None
+        if said:
+            self._report("info", f"rest-lsp: the team server at {self.url} answers again.")
+
+    def _sync_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                if not self._ready.is_set():
+                    self._connect()
+                elif self._need_snapshot:
+                    self._send_snapshot()
+                else:
+                    self._send_delta()
+                continue
+            except Unreachable as err:
+                self._unreachable(err)
+            except Refused as err:
+                self.load_error = f"the team server refused the workspace: {err.detail}"
+                self._report("error", f"rest-lsp: {self.load_error}")
+                self.status = "refused"
+            except Exception as err:  # the loop must live: a failure here is reported and retried
+                log.exception("syncing with %s failed", self.url)
+                self._report("warning", f"rest-lsp: syncing the workspace failed: {err}")
+            self._closed.wait(RETRY_S)
+
+    def _connect(self) -> None:
+        """The server's tokenizer, then the local index with it."""
+        from rest_lsp.engine.saved_tokenizer import SavedTokenizer
+
+        found = self._http.call("GET", f"{API}/tokenizer", timeout=10)
+        tokenizer = SavedTokenizer(found["tokenizer"], bool(found["split_special_tokens"]))
+        if tokenizer.key != found["key"]:
+            raise Refused(409, f"the server's tokenizer reads back with key {tokenizer.key}, not {found['key']}")
+        with self._lock:
+            self._loaded = SimpleNamespace(tokenizer=tokenizer, name="remote")
+            self._feed.reset()
+            self._feed.datastore = RecordingDatastore()
+            self._mirror = Mirror(self._feed.datastore, tokenizer.key)
+            self._need_snapshot = True
+            self._ready.set()
+        self._reached()
+        self._feed.wake()
+        self._feed.start_indexing()
+
+    def _send_snapshot(self) -> None:
+        self._feed.indexed.wait(INDEX_WAIT_S)
+        with self._lock:
+            self._need_snapshot = False
+            snapshot = self._mirror.snapshot(_client_settings(self.settings))
+            self._pending_delta = None
+        try:
+            reply = self._http.call("POST", f"{API}/workspaces/{self.workspace}/snapshot", snapshot.model_dump(),
+                                    timeout=120)
+        except Exception:
+            self._request_snapshot()
+            raise
+        with self._lock:
+            self._counts["snapshots_sent"] += 1
+        log.info("[%s] snapshot %s sent: %d documents (replica %s)", self.workspace, snapshot.epoch,
+                 len(snapshot.docs), reply.get("replica"))
+        self._reached()
+
+    def _send_delta(self) -> None:
+        datastore = self._feed.datastore
+        if self._pending_delta is None:
+            if not datastore.changed.wait(SYNC_WAIT_S) and not self._sync_wake.is_set():
+                return
+            self._sync_wake.clear()
+            with self._lock:
+                if self._need_snapshot:
+                    return
+                self._pending_delta = self._mirror.delta()
+            if self._pending_delta is None:
+                return
+        delta = self._pending_delta
+        reply = self._http.call("POST", f"{API}/workspaces/{self.workspace}/delta", delta.model_dump(), timeout=60)
+        with self._lock:
+            self._pending_delta = None
+            self._counts["deltas_sent"] += 1
+        if reply.get("need_snapshot"):
+            log.info("[%s] the server asks for a snapshot (%s)", self.workspace, reply.get("reason"))
+            self._request_snapshot()
+        self._reached()
+
+
+def _client_settings(settings: Settings) -> dict:
+    """The settings a workspace's replica takes from its editor, camelCase as editors send them."""
+    import dataclasses
+
+    out = {}
+    for field in dataclasses.fields(settings):
+        camel = "".join(w.capitalize() if i else w for i, w in enumerate(field.name.split("_")))
+        if camel in CLIENT_SETTINGS:
+            value = getattr(settings, field.name)
+            out[camel] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def remote_target(url: str, token_file: str | None) -> tuple[str, str] | str:
+    """(url, token) for `--remote URL --token-file F`, or the sentence that says what is wrong."""
+    from urllib.parse import urlsplit
+
+    from rest_lsp.errors import UserError
+    from rest_lsp.team.token import read_token
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"rest-lsp: --remote wants an http:// or https:// URL, got {url!r}."
+    if not token_file:
+        return "rest-lsp: --remote needs --token-file FILE, the file holding the team server's token."
+    try:
+        return url, read_token(token_file)
+    except UserError as err:
+        return f"rest-lsp: {err}"

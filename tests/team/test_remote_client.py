@@ -1,0 +1,169 @@
+"""The editor's side against a replica on a local uvicorn: the workspace arrives, completions match the in-process
+service, a replica that dies costs one retry and a re-sent workspace, an unreachable server is said once, and the
+editor's process never imports torch or ray."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import TOKEN
+
+from rest_lsp.service.completion import CompletionService
+from rest_lsp.settings import Settings
+from rest_lsp.team.remote import RemoteService
+
+LIB = "def frobnicate_widget(count):\n    return count * 7\n"
+TEXT = "def add(a, b):\n    return a + b\n\nresult = add("
+
+
+class Said:
+    def __init__(self):
+        self.messages = []
+
+    def message(self, level, text):
+        self.messages.append((level, text))
+
+    def index_begin(self, root):
+        pass
+
+    def index_progress(self, root, done, total):
+        pass
+
+    def index_end(self, root, stats):
+        pass
+
+
+def wait_for(check, timeout=60.0, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture()
+def root(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "lib.py").write_text(LIB)
+    return tmp_path / "ws"
+
+
+def client_settings(tmp_path, shared):
+    return Settings(model=shared.settings.model, max_new_tokens=8, debounce_ms=0, prefetch=False,
+                    cache_dir=str(tmp_path / "client-cache"))
+
+
+def remote_drafts(holder, text):
+    [name] = holder.replica.workspaces.names()
+    return [t for t, _ in holder.replica.workspaces.find(name).service.drafts(text)]
+
+
+@pytest.fixture()
+def remote(live, root, tmp_path, shared):
+    url, holder, faults = live
+    said = Said()
+    service = RemoteService(client_settings(tmp_path, shared), said, url, TOKEN)
+    service.start([root])
+    assert service.wait_ready(30)
+    wait_for(lambda: service.stats()["snapshots_sent"] >= 1, what="the first snapshot")
+    yield service, holder, faults, said
+    service.close()
+
+
+def test_the_workspace_arrives_and_follows_the_disk(remote, root):
+    service, holder, _, _ = remote
+    assert any(t.startswith("(count") for t in remote_drafts(holder, "def frobnicate_widget"))
+    (root / "more.py").write_text("def zebra_quux_total(limit):\n    return limit + 99\n")
+    wait_for(lambda: any("(limit" in t for t in remote_drafts(holder, "def zebra_quux_total")), what="the delta")
+    (root / "lib.py").unlink()
+    wait_for(lambda: remote_drafts(holder, "def frobnicate_widget") == [], what="the removal")
+    stats = service.stats()
+    assert stats["mode"] == "remote" and stats["status"] == "connected" and stats["deltas_sent"] >= 2
+
+
+def test_completions_are_the_in_process_services(remote, root, tmp_path, shared):
+    service = remote[0]
+    local = CompletionService(client_settings(tmp_path, shared))
+    local.start([root])
+    try:
+        assert local.wait_ready(60) and local.wait_indexed(60)
+        shown = 0
+        for i, text in enumerate([TEXT, LIB + "\nx = frobnicate_widget(", "import os\n\ndef main():\n    "]):
+            expected = local.submit(f"file:///m{i}.py", text, len(text)).future.result(60)
+            got = service.submit(f"file:///m{i}.py", text, len(text)).future.result(60)
+            assert (got and got.text) == (expected and expected.text), i
+            if got is not None:
+                shown += 1
+                assert service.accept(got.id, got.text)
+        assert shown >= 2
+    finally:
+        local.close()
+
+
+def test_a_replica_that_dies_costs_one_retry_and_the_workspace_is_sent_again(remote):
+    service, holder, faults, said = remote
+    first = service.submit("file:///m.py", TEXT, len(TEXT)).future.result(60)
+    faults.dies = 1
+    again = service.submit("file:///n.py", TEXT, len(TEXT)).future.result(60)
+    assert again is not None and again.text == first.text
+    assert holder.replica.name == "r1" and faults.completes == 3  # the first, the failed one, its retry
+    wait_for(lambda: service.stats()["snapshots_sent"] == 2, what="the workspace sent again")
+    assert any(t.startswith("(count") for t in remote_drafts(holder, "def frobnicate_widget"))
+    stats = service.stats()
+    assert stats["retried"] == 1 and stats["status"] == "connected" and stats["replica"] == "r1"
+    assert not [m for m in said.messages if m[0] != "info"]
+
+
+def test_an_unreachable_server_is_said_once_and_answers_nothing(root, tmp_path, shared):
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there
+    said = Said()
+    service = RemoteService(client_settings(tmp_path, shared), said, f"http://127.0.0.1:{port}", TOKEN)
+    service.start([root])
+    try:
+        wait_for(lambda: service.stats()["status"] == "unreachable", 10, "the unreachable status")
+        time.sleep(4.5)  # two more attempts
+        errors = [text for level, text in said.messages if level == "error"]
+        assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0] and "cannot be reached" in errors[0]
+        ticket = service.submit("file:///m.py", TEXT, len(TEXT))
+        assert ticket.future.done() and ticket.future.result() is None
+        assert service.stats()["mode"] == "remote"
+    finally:
+        service.close()
+
+
+CLIENT = """
+import json, sys, time
+from pathlib import Path
+from rest_lsp.settings import Settings
+from rest_lsp.team.remote import RemoteService
+from rest_lsp.service.completion import NoEvents
+url, token, root, cache = sys.argv[1:]
+s = Settings(max_new_tokens=8, debounce_ms=0, prefetch=False, cache_dir=cache)
+service = RemoteService(s, NoEvents(), url, token)
+service.start([Path(root)])
+assert service.wait_ready(30) and service.wait_indexed(30)
+text = "def add(a, b):\\n    return a + b\\n\\nresult = add("
+got = service.submit("file:///m.py", text, len(text)).future.result(60)
+loaded = sorted(m for m in ("torch", "transformers", "ray") if m in sys.modules)
+print(json.dumps({"text": got.text if got else None, "loaded": loaded, "docs": service.stats()["local_documents"]}))
+service.close()
+"""
+
+
+def test_the_editors_process_imports_neither_torch_nor_ray(live, root, tmp_path):
+    url, holder, _ = live
+    out = subprocess.run([sys.executable, "-c", CLIENT, url, TOKEN, str(root), str(tmp_path / "c")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["loaded"] == [] and found["docs"] == 1 and found["text"] is not None
