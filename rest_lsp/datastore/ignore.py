@@ -1,4 +1,4 @@
-"""Which workspace paths are not indexed: git's ignore files plus folders no one wants drafts from.
+"""Which workspace paths are not indexed: git's ignore files, folders no one wants drafts from, credentials.
 
 Git's rule: the deepest .gitignore with a matching pattern decides (its last match wins), then the
 shallower ones, then .git/info/exclude. A folder that is ignored hides everything below it.
@@ -6,8 +6,10 @@ shallower ones, then .git/info/exclude. A folder that is ignored hides everythin
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +23,27 @@ ALWAYS_SKIPPED_DIRS = frozenset({
     ".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", "target",
     ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis", ".eggs", ".cache",
 })
+
+# Credentials, at any depth and whatever an ignore file or setting says: a workspace may be a home folder, and
+# what is indexed is drafted. Folders (a path of one to three names) and file names (shell patterns, any case).
+SECRET_DIRS = frozenset({
+    ".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".password-store", ".terraform.d", ".vault",
+    ".config/gcloud", ".config/gh", ".config/hub", ".local/share/keyrings",
+})
+SECRET_FILES = re.compile("|".join(fnmatch.translate(p) for p in (
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore",
+    "*.kdbx", "*.tfstate", "*.tfstate.*", ".env", ".env.*", "*.env", ".envrc", ".netrc", "_netrc", ".pgpass",
+    ".my.cnf", ".git-credentials", ".npmrc", ".pypirc", ".vault-token", ".htpasswd", "credentials*",
+)), re.IGNORECASE)
+
+
+def is_secret(rel: str, is_dir: bool) -> bool:
+    """True for a folder of credentials or a path below one, and for a file named like a key or a credential."""
+    parts = rel.split("/")
+    folders = parts if is_dir else parts[:-1]
+    if any("/".join(folders[i:i + n]) in SECRET_DIRS for n in (1, 2, 3) for i in range(len(folders) - n + 1)):
+        return True
+    return not is_dir and SECRET_FILES.match(parts[-1]) is not None
 
 
 class IgnoreRules:
@@ -41,6 +64,8 @@ class IgnoreRules:
 
     def ignored(self, rel: str, is_dir: bool) -> bool:
         """True if `rel` or any folder above it is excluded."""
+        if is_secret(rel, is_dir):
+            return True
         parts = rel.split("/")
         for i in range(1, len(parts)):
             if self._dir_ignored("/".join(parts[:i])):
