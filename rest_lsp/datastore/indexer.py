@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .ignore import IgnoreRules, is_ignore_file, relative
+from .known import KnownPaths
 from .persist import IndexFolder, default_cache_dir, index_folder
 from .scan import Signature, as_text, read_bytes, settled, stat_file, unchanged, walk
 from .store import Datastore, Source, as_tokens
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 Tokenize = Callable[[list[str]], list[list[int]]]
 # Files per tokenizer call, and tokens per segment written during a build.
 TOKENIZE_BATCH_FILES = 64
+VENV_MARKER = "pyvenv.cfg"  # its folder is a virtual environment (ignore.py skips it)
 SEGMENT_TOKENS = 1 << 21
 
 
@@ -49,8 +51,8 @@ class WorkspaceIndex:
         self._polling = polling
         self._folder = (IndexFolder(index_folder(Path(cache_dir) if cache_dir else default_cache_dir(), self.root),
                                     tokenizer_key, self.root) if persist else None)
-        self._files: dict[str, Signature] = {}      # indexed, with the signature their tokens came from
-        self._skipped: dict[str, Signature] = {}    # binary or unreadable: not read again until changed
+        self._files = KnownPaths()                  # indexed, with the signature their tokens came from
+        self._skipped = KnownPaths()                # binary or unreadable: not read again until changed
         self._dirty = False                         # changes not yet saved
         self._saved_names: frozenset[str] = frozenset()  # segments holding our files, as last loaded or saved
         self._watcher: DebouncedWatcher | None = None
@@ -140,8 +142,7 @@ class WorkspaceIndex:
     # --- disk -> datastore ----------------------------------------------------------------------
     def _reconcile(self, on_disk: dict[str, Signature], under: str | None = None, report: bool = False) -> int:
         """Make the index match `on_disk` (for the whole root, or for the folder `under`)."""
-        prefix = None if under is None else under + os.sep
-        known = [p for p in (*self._files, *self._skipped) if prefix is None or p.startswith(prefix) or p == under]
+        known = [*self._files, *self._skipped] if under is None else self._known_at_or_below(under)
         gone = [p for p in known if p not in on_disk]
         todo = [p for p, sig in on_disk.items() if not self._unchanged(p, sig)]
         self._index(todo, gone, report)
@@ -238,6 +239,7 @@ class WorkspaceIndex:
     def _apply_events(self, paths: set[str]) -> None:
         todo: list[str] = []
         gone: list[str] = []
+        self._venvs_changed(paths)
         for path in sorted(paths):
             rel = relative(self.root, path)
             if rel is None:
@@ -267,6 +269,21 @@ class WorkspaceIndex:
                 todo.append(path)
         self._index(todo, gone)
 
+    def _venvs_changed(self, paths: set[str]) -> None:
+        """A pyvenv.cfg came or went: its folder became, or stopped being, a virtual environment (skipped whole)."""
+        folders = {os.path.dirname(p) for p in paths if os.path.basename(p) == VENV_MARKER}
+        rels = {f: relative(self.root, f) for f in folders}
+        rels = {f: rel for f, rel in rels.items() if rel is not None and not (rel and self._above_ignored(rel))}
+        if not rels:
+            return
+        self.rules.invalidate()
+        for folder, rel in sorted(rels.items()):
+            self._reconcile(walk(self.root, self.rules, self.max_file_bytes, under=rel), under=folder)
+
+    def _above_ignored(self, rel: str) -> bool:
+        parent = rel.rpartition("/")[0]
+        return bool(parent) and self.rules.ignored(parent, True)
+
     def _reload_ignore_file(self, rel: str) -> bool:
         """A .gitignore (or .git/info/exclude) changed: reconcile what it rules; True if that was everything."""
         folder = "" if rel == ".git/info/exclude" else rel.rpartition("/")[0]
@@ -281,8 +298,7 @@ class WorkspaceIndex:
         return False
 
     def _known_at_or_below(self, path: str) -> list[str]:
-        prefix = path + os.sep
-        return [p for p in (*self._files, *self._skipped) if p == path or p.startswith(prefix)]
+        return self._files.at_or_below(path) + self._skipped.at_or_below(path)
 
     def _skip_dir(self, path: str) -> bool:
         """For the polling watcher: a folder that is ignored, or not ours, is never listed."""
@@ -308,8 +324,8 @@ class WorkspaceIndex:
             return False
         installed = self.datastore.install(saved.segments)
         present = set(self.datastore.doc_ids())
-        self._files = {p: s for p, s in saved.files.items() if p in present}
-        self._skipped = dict(saved.skipped)
+        self._files = KnownPaths((p, s) for p, s in saved.files.items() if p in present)
+        self._skipped = KnownPaths(saved.skipped)
         self._saved_names = self._own_names(installed)
         return True
 
