@@ -116,3 +116,15 @@ def test_bad_input_is_one_clear_sentence(tmp_path, args, stdin, message):
     assert message in err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("temperature", ["1e-40", "nan", "inf", "-1"])
+def test_generate_refuses_temperatures_that_break_sampling(tmp_path, capsys, temperature):
+    from rest_lsp.cli import main
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("def add(a, b):\n")
+    assert main(["generate", str(prompt), "--model", str(tmp_path / "never-loaded"),
+                 f"--temperature={temperature}"]) == 2
+    err = capsys.readouterr().err
+    assert "--temperature must be 0 (greedy) or from" in err and "Traceback" not in err

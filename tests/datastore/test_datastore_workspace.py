@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import signal
@@ -14,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from rest_lsp.datastore import Datastore, WorkspaceIndex
+from test_datastore_store import assert_consistent
+
+from rest_lsp.datastore import Datastore, Source, WorkspaceIndex
+from rest_lsp.datastore import indexer as indexer_module
+from rest_lsp.datastore import scan as scan_module
+from rest_lsp.datastore.segment import SEP_ID
 
 WAIT_S = 20.0
 
@@ -406,3 +412,297 @@ def test_a_first_save_killed_in_a_segment_write_is_cleaned_up_at_the_next_start(
     assert files_in(cache) == {"lock"}
     assert index.build()["saved"] and follows(ds, "first_e") == {"ver = 1\n"}
     assert files_in(cache) == expected_files(cache)
+
+
+def test_two_roots_in_one_datastore_keep_both_roots_over_restarts_and_merges(tmp_path):
+    ra, rb, cache = tmp_path / "A", tmp_path / "B", tmp_path / "cache"
+    ra.mkdir()
+    rb.mkdir()
+    for i in range(30):
+        (ra / f"a{i}.txt").write_text(f"AMARK{i:02d} " + "y" * 40 + "\n")
+        (rb / f"b{i}.txt").write_text(f"BMARK{i:02d} " + "x" * 40 + "\n")
+
+    def start(ds):
+        ia = WorkspaceIndex(ra, ds, byte_tokenize, "b", cache_dir=cache)
+        ib = WorkspaceIndex(rb, ds, byte_tokenize, "b", cache_dir=cache)
+        ia.build()
+        ib.build()
+        return ia, ib
+
+    def check(ds):
+        assert follows(ds, "AMARK07") == {" yyyyyyyyy"}
+        assert follows(ds, "BMARK05") == {" xxxxxxxxx"}
+        assert_consistent(ds)
+        assert ds.stats()["documents"] == 60
+
+    ds = Datastore(background_merges=False)
+    ia, ib = start(ds)
+    ds.merge_all()                       # one segment holding both roots' documents, saved into both folders
+    ia._dirty = ib._dirty = True
+    ia.save()
+    ib.save()
+    ds.close()
+    for _ in range(2):                   # restart, merge, save, restart again
+        ds = Datastore(background_merges=False)
+        ia, ib = start(ds)
+        check(ds)
+        ds.merge_all()
+        check(ds)
+        ia._dirty = ib._dirty = True
+        ia.save()
+        ib.save()
+        ds.close()
+
+
+def test_an_unsaved_buffer_is_never_saved_as_the_file(ws):
+    root, cache = ws
+    f, g = root / "main.py", root / "other.py"
+    f.write_text("DISKTEXT saved on disk\n")
+    g.write_text("other\n")
+    index, ds = make_index(root, cache)
+    index.build()
+    ds.put(str(f), toks("DISKTEXT unsaved buffer edit\n"), Source.OPEN_BUFFER)   # what the service does
+    g.write_text("other changed\n")
+    index._on_paths({str(g)})
+    index.stop()                                                                 # saves
+
+    index2, ds2 = make_index(root, cache)
+    stats = index2.build()
+    assert stats["reindexed"] == 1                  # the file is read from the disk again
+    assert follows(ds2, "DISKTEXT") == {" saved o"}
+    seg, i = next((s, i) for s in ds2.segments() for i, d in enumerate(s.doc_ids) if d == str(f) and s.live[i])
+    assert seg.sources[i] == Source.WORKSPACE.value
+    assert index2.owns(str(f))
+
+
+def test_a_change_made_while_the_first_build_runs_is_indexed_once_watching_starts(ws):
+    root, cache = ws
+    f = root / "a.txt"
+    f.write_text("KEY old\n")
+    calls = []
+
+    def tokenize(texts):
+        if not calls:                   # a formatter or a checkout rewrites the file while the build tokenizes
+            f.write_text("KEY new content\n")
+        calls.append(1)
+        return byte_tokenize(texts)
+
+    changes = Changes()
+    ds = Datastore(background_merges=False, continuation_length=8)
+    index = WorkspaceIndex(root, ds, tokenize, "b", cache_dir=cache, on_change=changes)
+    index.build()
+    assert follows(ds, "KEY") == {" old\n"}
+    changes.seen.clear()
+    index.start_watching()              # the service's order: build, then watch
+    try:
+        changes.wait_for(f)
+        assert follows(ds, "KEY") == {" new con"}
+    finally:
+        index.stop()
+
+
+@pytest.mark.parametrize("replacement", ["file", "symlink inside", "symlink outside"])
+def test_a_folder_replaced_in_one_batch_takes_its_files_out(ws, replacement):
+    root, cache = ws
+    (root / "d" / "sub").mkdir(parents=True)
+    (root / "d" / "a.txt").write_text("UNIQUEMARKER alpha\n")
+    (root / "d" / "sub" / "b.txt").write_text("SUBMARKER beta\n")
+    (root / "keep").mkdir()
+    (root / "keep" / "k.txt").write_text("KEEPMARKER kept\n")
+    index, ds = make_index(root, cache, persist=False)
+    index.build()
+    os.rename(root / "d", root.parent / "moved_out")
+    if replacement == "file":
+        (root / "d").write_text("PLAINFILE now\n")
+    elif replacement == "symlink inside":
+        os.symlink(root / "keep", root / "d")
+    else:
+        os.symlink(root.parent / "moved_out", root / "d")
+    index._on_paths({str(root / "d")})         # one debounced batch: the folder's own path only
+    for gone in (root / "d" / "a.txt", root / "d" / "sub" / "b.txt"):
+        assert str(gone) not in ds and not index.owns(str(gone))
+    assert follows(ds, "UNIQUEMARKER") == set() and follows(ds, "SUBMARKER") == set()
+    assert follows(ds, "KEEPMARKER") == {" kept\n"}
+    assert (follows(ds, "PLAINFILE") == {" now\n"}) == (replacement == "file")
+    assert_consistent(ds)
+    index._on_paths({str(root)})                # the root's own event (its entries changed) removes nothing
+    assert follows(ds, "KEEPMARKER") == {" kept\n"}
+
+
+@pytest.mark.parametrize("how", ["kernel overflow event", "watchdog's log record"])
+def test_lost_events_are_recovered_at_log_level_error(ws, how, monkeypatch):
+    from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent
+
+    root, cache = ws
+    (root / "a.py").write_text("old_text = 1\n")
+    index, ds, changes = built_with_changes(root, cache)
+    monkeypatch.setattr(logging.root, "level", logging.ERROR)        # rest-lsp --log-level ERROR
+    start_watching_caught_up(index, monkeypatch)
+    try:
+        watcher = index._watcher
+        monkeypatch.setattr(watcher, "add", lambda paths: None)       # every event from now on is lost
+        (root / "a.py").write_text("unseen_change = 1\n")
+        if how == "kernel overflow event":
+            # What watchdog's inotify reader does when the kernel reports IN_Q_OVERFLOW; its log records are
+            # off, so only the hook can see it.
+            for name in ("watchdog.observers.inotify_c", "watchdog.observers.inotify"):
+                monkeypatch.setattr(logging.getLogger(name), "disabled", True)
+            watcher._observer._inotify_fd.handle_event(InotifyEvent(-1, InotifyConstants.IN_Q_OVERFLOW, 0, b""))
+        else:
+            logging.getLogger("watchdog.observers.inotify_c").warning(
+                "Inotify queue overflowed; filesystem events were lost")
+        changes.wait_for(root / "a.py")
+        assert follows(ds, "unseen_cha") == {"nge = 1\n"} and follows(ds, "old_te") == set()
+    finally:
+        index.stop()
+
+
+def test_stop_returns_while_a_listener_waits_for_the_callers_lock(ws, monkeypatch):
+    root, cache = ws
+    (root / "a.txt").write_text("one\n")
+    outer = threading.Lock()                     # the service's lock, held by whoever calls stop()
+    entered = threading.Event()
+
+    def listener(ids):
+        entered.set()
+        with outer:
+            pass
+
+    index, ds = make_index(root, cache, on_change=listener)
+    index.build()
+    entered.clear()
+    start_watching_caught_up(index, monkeypatch)
+    with outer:
+        (root / "a.txt").write_text("two\n")
+        assert entered.wait(WAIT_S), "the change never reached the listener"
+        stopper = threading.Thread(target=index.stop, daemon=True)
+        stopper.start()
+        stopper.join(WAIT_S)
+        deadlocked = stopper.is_alive()
+    stopper.join(WAIT_S)
+    assert not deadlocked, "stop() waited for a listener that waits for the caller's lock"
+
+
+def test_stop_while_the_watcher_tokenizes_a_batch_does_not_deadlock(ws, monkeypatch):
+    root, cache = ws
+    (root / "a.txt").write_text("one\n")
+    outer = threading.Lock()
+    tokenizing, release = threading.Event(), threading.Event()
+    started = []
+
+    def tokenize(texts):
+        if started:
+            tokenizing.set()
+            assert release.wait(WAIT_S)
+        return byte_tokenize(texts)
+
+    def listener(ids):
+        with outer:
+            pass
+
+    ds = Datastore(background_merges=False)
+    index = WorkspaceIndex(root, ds, tokenize, "b", cache_dir=cache, on_change=listener)
+    index.build()
+    start_watching_caught_up(index, monkeypatch)
+    started.append(1)
+    with outer:
+        write_whole(root / "a.txt", "two\n")          # never read half-written
+        assert tokenizing.wait(WAIT_S), "the watcher never read the change"
+        stopper = threading.Thread(target=index.stop, daemon=True)
+        stopper.start()
+        release.set()
+        stopper.join(WAIT_S)
+        deadlocked = stopper.is_alive()
+    stopper.join(WAIT_S)
+    assert not deadlocked, "stop() deadlocked behind the watcher's batch"
+    assert ds.lookup(toks("t")).continuations == [(tuple(toks("wo\n")), 1)]     # the batch under way was finished
+
+
+def test_a_document_with_the_reserved_token_id_is_skipped_alone(ws, caplog):
+    root, cache = ws
+    (root / "good.txt").write_text("KEY fine\n")
+    (root / "odd.txt").write_text("\u2603\n")
+    (root / "negative.txt").write_text("\u2604\n")
+    calls = []
+
+    def tokenize(texts):
+        calls.extend(texts)
+        return [[SEP_ID] if "\u2603" in t else [-3] if "\u2604" in t else list(t.encode()) for t in texts]
+
+    caplog.set_level(logging.WARNING, logger="rest_lsp.datastore")
+    ds = Datastore(background_merges=False)
+    stats = WorkspaceIndex(root, ds, tokenize, "b", cache_dir=cache).build()
+    assert follows(ds, "KEY") == {" fine\n"} and stats["files"] == 1 and stats["saved"]
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 2 and any("odd.txt" in m for m in logged) and any("negative.txt" in m for m in logged)
+    calls.clear()                                 # not read again until it changes
+    WorkspaceIndex(root, Datastore(background_merges=False), tokenize, "b", cache_dir=cache).build()
+    assert calls == []
+
+
+def test_a_same_size_rewrite_within_one_timestamp_tick_is_seen(ws, monkeypatch):
+    root, cache = ws
+    f = root / "a.txt"
+    f.write_text("KEY aaaa\n")
+    frozen = os.stat(f).st_mtime_ns + 10**12
+
+    def coarse(st):          # a file system whose clock has not ticked since: every stat looks the same
+        return (frozen, st.st_size, 1, frozen, 0)
+
+    monkeypatch.setattr(scan_module, "signature", coarse)
+    index, ds = make_index(root, cache)
+    index.build()
+    f.write_text("KEY bbbb\n")
+    index._on_paths({str(f)})                        # the watcher's batch
+    assert follows(ds, "KEY") == {" bbbb\n"}
+    index.stop()
+    f.write_text("KEY cccc\n")                       # while the server is down
+    index2, ds2 = make_index(root, cache)
+    assert index2.build()["reindexed"] == 1 and follows(ds2, "KEY") == {" cccc\n"}
+
+
+def test_an_ignore_file_change_walks_only_what_it_rules(ws, monkeypatch):
+    root, cache = ws
+    (root / "node_modules" / "pkg").mkdir(parents=True)
+    (root / "sub").mkdir()
+    (root / "sub" / "a.txt").write_text("SUBFILE here\n")
+    index, ds = make_index(root, cache)
+    index.build()
+    walks = []
+    real_walk = indexer_module.walk
+    monkeypatch.setattr(indexer_module, "walk", lambda *a, **k: walks.append(k.get("under", "")) or real_walk(*a, **k))
+
+    (root / "node_modules" / "pkg" / ".gitignore").write_text("*\n")
+    index._on_paths({str(root / "node_modules" / "pkg" / ".gitignore")})
+    assert walks == []                               # git reads no ignore file inside an ignored folder
+
+    (root / "sub" / ".gitignore").write_text("a.txt\n")
+    index._on_paths({str(root / "sub" / ".gitignore")})
+    assert walks == ["sub"] and follows(ds, "SUBFILE") == set()
+
+
+def test_the_polling_fallback_never_lists_ignored_folders(ws, monkeypatch):
+    from watchdog.utils.dirsnapshot import DirectorySnapshot
+
+    root, cache = ws
+    for d in ("node_modules/deep", ".git/objects", "generated"):
+        (root / d).mkdir(parents=True)
+        (root / d / "x.txt").write_text("x\n")
+    (root / ".gitignore").write_text("generated/\n")
+    (root / "src").mkdir()
+    listed = []
+    real_walk = DirectorySnapshot.walk
+    monkeypatch.setattr(DirectorySnapshot, "walk", lambda self, path: listed.append(path) or real_walk(self, path))
+    changes = Changes()
+    index, ds = make_index(root, cache, on_change=changes, polling=True)
+    index.build()
+    index.start_watching()
+    try:
+        assert index.watching_by_polling
+        (root / "src" / "p.py").write_text("polled_file = 1\n")
+        changes.wait_for(root / "src" / "p.py")      # at least one whole poll after the start
+    finally:
+        index.stop()
+    assert str(root / "src") in listed
+    ignored = [p for p in listed if any(p.startswith(str(root / d)) for d in ("node_modules", ".git", "generated"))]
+    assert ignored == []

@@ -4,8 +4,13 @@ import random
 
 import pytest
 import torch
+from conftest import tiny_model
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 from rest_lsp.engine.decoding import PACKED_CPU_STEP_COST, DecodeConfig, Decoder
+from rest_lsp.engine.lean_llama import LeanLlama
+from rest_lsp.engine.model import LoadedModel
 from rest_lsp.drafting.acceptance import PRIOR_SCALE, bucket
 from rest_lsp.datastore import Datastore
 from rest_lsp.drafting.drafts import (ContextLookup, DraftMix, KnownStart, NgramDrafts, NoDrafts, OutputStore, Proposal,
@@ -350,3 +355,149 @@ def test_default_model_with_a_known_start(default_model):
     one_line.propose = spy
     assert Decoder(default_model).generate(prompt, one_line, DecodeConfig(max_new_tokens=16, budget=16)).tokens == truth
     assert any(left < full for full, left in sizes)  # the line below "return a * b" was drafted, and cut
+
+
+WINDOW = 16
+
+
+def _loaded(model) -> LoadedModel:
+    return LoadedModel(model=model.eval(), tokenizer=None, device=torch.device("cpu"), dtype=torch.float32,
+                       name=type(model).__name__)
+
+
+def _reference(loaded: LoadedModel, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def _sliding(arch: str) -> LoadedModel:
+    torch.manual_seed(0)
+    common = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+                  pad_token_id=None, sliding_window=WINDOW)
+    if arch == "mistral":
+        return _loaded(MistralForCausalLM(MistralConfig(**common)))
+    # Qwen2: layer 0 full attention, layer 1 windowed
+    return _loaded(Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=True, max_window_layers=1)))
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2"])
+def test_sliding_window_models_decode_like_generate_past_the_window(arch):
+    loaded = _sliding(arch)
+    rnd = random.Random(0)
+    decoder = Decoder(loaded)  # one decoder for all: its cache is reused and cropped across prompts
+    for plen, perfect in ((40, False), (40, True), (9, True), (30, True)):
+        prompt = [rnd.randrange(97) for _ in range(plen)]
+        truth = _reference(loaded, prompt, 24)
+        drafts = NgramDrafts([prompt + truth]) if perfect else NoDrafts()
+        got = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=24, budget=6, fit_to_cost=False))
+        assert got.tokens == truth, (arch, plen, perfect)
+    # a prompt that shares a prefix with the last sequence reuses the cache past the window
+    prompt = prompt + truth[:10]
+    assert decoder.generate(prompt, ContextLookup(), DecodeConfig(max_new_tokens=12, budget=6)).tokens == \
+        _reference(loaded, prompt, 12)
+
+
+ROPE_SWITCH = 32
+
+
+def _longrope() -> LoadedModel:
+    torch.manual_seed(0)
+    half = 64 // 4 // 2
+    config = Phi3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                        original_max_position_embeddings=ROPE_SWITCH, bos_token_id=None, eos_token_id=None,
+                        pad_token_id=None, sliding_window=None,
+                        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * half,
+                                         "long_factor": [float(4 + i) for i in range(half)],
+                                         "original_max_position_embeddings": ROPE_SWITCH})
+    model = Phi3ForCausalLM(config)
+    with torch.no_grad():  # sharp logits and attention, so that a wrong rotation changes the argmax
+        model.lm_head.weight.mul_(4.0)
+        for layer in model.model.layers:
+            layer.self_attn.qkv_proj.weight[: 2 * 64].mul_(6.0)
+    return _loaded(model)
+
+
+def test_long_rope_models_decode_like_generate_across_the_switch():
+    loaded = _longrope()
+    rnd = random.Random(0)
+    decoder = Decoder(loaded)
+    for plen in (20, 26, 31, 32, 33, 40, 12):  # below, at and past the switch, then back below on the same cache
+        prompt = [rnd.randrange(97) for _ in range(plen)]
+        truth = _reference(loaded, prompt, 20)
+        for drafts in (NoDrafts(), NgramDrafts([prompt + truth])):
+            got = decoder.generate(prompt, drafts, DecodeConfig(max_new_tokens=20, budget=8, fit_to_cost=False))
+            assert got.tokens == truth, (plen, type(drafts).__name__)
+
+
+class _FakeOOM(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "transformers"])
+def test_a_pass_that_fails_in_a_middle_layer_leaves_the_decoder_exact(lean, monkeypatch):
+    torch.manual_seed(0)
+    loaded = _loaded(LlamaForCausalLM(LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=None, eos_token_id=None, pad_token_id=None)))
+    armed = []
+
+    def fail_once(module, args):
+        if armed and args[0].shape[1] > 1:  # a tree, like an out-of-memory on the biggest step
+            armed.clear()
+            raise _FakeOOM("out of memory (simulated in layer 2)")
+
+    loaded.model.model.layers[2].register_forward_pre_hook(fail_once)
+    rnd = random.Random(0)
+    prompt = [rnd.randrange(97) for _ in range(30)]
+    truth = _reference(loaded, prompt, 20)
+    decoder = Decoder(loaded, lean=lean)
+    if lean:  # our own layers, run in Python (where a hook can fail one): fail in layer 2, on trees only
+        decoder.lean = LeanLlama(loaded.model, decoder.max_context, script=False)
+
+        def fail_once_lean(module, args):
+            if armed and args[0].shape[0] > 1:  # x [n, H]
+                armed.clear()
+                raise _FakeOOM("out of memory (simulated in layer 2)")
+
+        decoder.lean.layers[2].register_forward_pre_hook(fail_once_lean)
+    decoder.generate(prompt, ContextLookup(), DecodeConfig(max_new_tokens=4, budget=8))  # a warm cache
+    armed.append(1)
+    with pytest.raises(_FakeOOM):
+        decoder.generate(prompt, NgramDrafts([prompt + truth]), DecodeConfig(max_new_tokens=20, budget=8,
+                                                                              fit_to_cost=False))
+    if lean:
+        assert decoder._cache.length == len(decoder._cached)
+    else:
+        lengths = {layer.get_seq_length() for layer in decoder._cache.layers}
+        assert lengths == {len(decoder._cached)}, lengths
+    for p in (prompt, prompt[:25] + [1, 2], prompt + truth[:3]):
+        assert decoder.generate(p, ContextLookup(), DecodeConfig(max_new_tokens=12, budget=8)).tokens == \
+            _reference(loaded, p, 12)
+
+
+def test_crop_cuts_every_layer_to_the_kept_length():
+    loaded = tiny_model("llama")
+    decoder = Decoder(loaded, lean=False)  # the DynamicCache path: layers can differ in length
+    prompt = list(range(3, 40))
+    decoder.prefill(prompt)
+    first = decoder._cache.layers[0]  # layer 0 alone got 5 more rows, as after a pass failing in layer 1
+    first.keys = torch.cat([first.keys, first.keys[:, :, :5]], dim=2)
+    first.values = torch.cat([first.values, first.values[:, :, :5]], dim=2)
+    decoder.prefill(prompt[:20] + [1, 2, 3])
+    assert [layer.get_seq_length() for layer in decoder._cache.layers] == [23, 23]
+    p = prompt[:20] + [1, 2, 3, 4]
+    assert decoder.generate(p, NoDrafts(), DecodeConfig(max_new_tokens=8, budget=0)).tokens == \
+        _reference(loaded, p, 8)
+
+
+def test_draft_ids_outside_the_vocabulary_are_dropped():
+    loaded = tiny_model("llama")  # 97 tokens
+    prompt = [5, 6, 7, 8]
+    truth = _reference(loaded, prompt, 12)
+    bad = NgramDrafts([prompt + [97, 150, 3], prompt + truth[:2] + [-1, 4000]])  # a datastore of another tokenizer
+    got = Decoder(loaded).generate(prompt, bad, DecodeConfig(max_new_tokens=12, budget=8, fit_to_cost=False))
+    assert got.tokens == truth

@@ -4,6 +4,7 @@ conditions with generous timeouts."""
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
@@ -13,7 +14,8 @@ from support import greedy, wait_for
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from rest_lsp.service.completion import PREWARM_CHUNK, CompletionService
-from rest_lsp.engine.decoding import Decoder
+from rest_lsp.drafting.drafts import NoDrafts
+from rest_lsp.engine.decoding import PREFILL_CHUNK, DecodeConfig, Decoder
 from rest_lsp.service.document_caches import DocumentCaches
 from rest_lsp.service.prompt import build_prompt, detect_fim
 from rest_lsp.settings import Settings
@@ -236,3 +238,54 @@ def test_typing_in_a_fim_prompt_prefills_only_the_changed_tokens(fim_model, monk
             assert out.tolist()[: len(result.tokens)] == result.tokens
     finally:
         svc.close()
+
+
+def plain(loaded, prompt: list[int], n: int) -> list[int]:
+    """The model's own greedy `generate`."""
+    ids = torch.tensor([prompt])
+    out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_the_prefill_stops_between_chunks_when_cancelled():
+    loaded = tiny_model("llama", max_positions=1024)
+    decoder = Decoder(loaded)
+    prompt = [random.Random(1).randrange(97) for _ in range(2 * PREFILL_CHUNK + 40)]
+    asked = []
+
+    def cancelled() -> bool:
+        asked.append(1)
+        return len(asked) > 1  # the request is cancelled while the first chunk runs
+
+    result = decoder.generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=8, budget=0), cancelled=cancelled)
+    assert result.finish == "stopped" and result.tokens == [] and result.steps == 0
+    assert len(decoder._cached) == PREFILL_CHUNK
+    # the next request goes on from the chunk already computed, and is exact
+    again = decoder.generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=8, budget=0))
+    assert again.tokens == plain(loaded, prompt, 8)
+    assert again.prefill_tokens == len(prompt) - 1 - PREFILL_CHUNK
+
+
+def test_a_cancel_during_a_short_prefill_stops_before_the_first_step_and_between_steps():
+    loaded = tiny_model("llama", max_positions=1024)
+    decoder = Decoder(loaded)
+    prompt = [5, 6, 7, 8, 9] * 16  # longer than CHAIN_TAIL: prefilled in a pass of its own, not with the first step
+    checks = []
+
+    def during_the_prefill() -> bool:  # asked once before the prompt's only chunk, cancelled while it runs
+        checks.append(1)
+        return len(checks) > 1
+
+    result = decoder.generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=8, budget=0),
+                              cancelled=during_the_prefill)
+    assert result.finish == "stopped" and result.tokens == [] and result.steps == 0
+    assert len(decoder._cached) == len(prompt) - 1  # the prefill was whole: the next request goes on from it
+    asked = []
+
+    def after_three() -> bool:  # asked before each step (the prompt is cached: no prefill chunk asks)
+        asked.append(1)
+        return len(asked) > 3
+
+    result = decoder.generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=8, budget=0), cancelled=after_three)
+    assert result.finish == "stopped" and result.steps == 3 and result.tokens == plain(loaded, prompt, 3)

@@ -373,3 +373,41 @@ async def test_tcp_bad_address(where):
     err = done.stderr.strip()
     assert done.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("rest-lsp: ") and address in err, err
+
+
+async def test_a_change_during_a_completion_stops_it_and_answers_content_modified(tiny_models, tmp_path):
+    from pygls.exceptions import JsonRpcException
+
+    options = {"model": str(tiny_models["constant"]), "maxNewTokens": 2000, "draftBudget": 0, "debounceMs": 0,
+               "indexWorkspace": False}
+    client, _ = await start(server_command(), tmp_path, "visual-studio-code", options)
+    try:
+        async def stats():
+            return await client.workspace_execute_command_async(
+                types.ExecuteCommandParams(command="rest-lsp.stats", arguments=[]))
+
+        deadline = time.monotonic() + 120
+        while not (await stats())["ready"]:
+            assert time.monotonic() < deadline, "the model did not load"
+            await asyncio.sleep(0.1)
+        uri = (tmp_path / "a.py").as_uri()
+        client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+            uri=uri, language_id="python", version=1, text="y = \n")))
+        # pygls' send_request writes the request now (pytest-lsp's async helpers send only once awaited)
+        request = asyncio.wrap_future(client.protocol.send_request(
+            types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(0, 4),
+                context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic))))
+        # a round trip: the server has read the request (its handler has submitted the job) before the change
+        await stats()
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[types.TextDocumentContentChangePartial(
+                range=types.Range(start=types.Position(0, 0), end=types.Position(0, 0)), text="abc")]))
+        with pytest.raises(JsonRpcException) as err:
+            await asyncio.wait_for(request, 60)
+        assert err.value.code == -32801  # ContentModified
+        s = await stats()
+        assert s["cancelled"] == 1 and s["completions_decoded"] == 0  # the decode of 2,000 tokens was stopped
+    finally:
+        await client.shutdown_session()

@@ -1,5 +1,6 @@
 """Stop rules: where a completion ends, and that what is left is never blank."""
 
+from rest_lsp.service.completion import finish_text
 from rest_lsp.service.postprocess import stop_context, trim
 
 
@@ -127,3 +128,11 @@ def test_where_a_one_line_completion_ends():
     start = stop_context("def f():\n    ", "\n", max_lines=1)
     assert start.held and start.one_line and not start.any_break_ends
     assert not stop_context("def f():\n    ", "\n", max_lines=0).one_line
+
+
+def test_a_line_that_merely_starts_with_end_does_not_close_a_block():
+    before, after = "import time\n\ndef elapsed(start):\n    ", "\n"
+    text = "\n    return time.time() - start\nend_time = elapsed(0)\nprint(end_time)\n"
+    assert finish_text(text, stop_context(before, after)) == "return time.time() - start"
+    ruby = finish_text("\n  x = 1\nend\nputs x\n", stop_context("def f\n  ", "\n"))
+    assert ruby == "x = 1\nend"  # the word `end` still closes the block
