@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import re
 import sys
 import uuid
@@ -139,9 +140,10 @@ class _Events:
 
 
 def _doc_id(uri: str) -> str:
-    """Datastore id of a buffer: the file's path for file URIs (so it replaces the indexed file)."""
+    """Datastore id of a buffer: the file's real path for file URIs (so it replaces the indexed file, which the
+    indexer names below the resolved root: a workspace opened through a symlink names it otherwise)."""
     path = to_fs_path(uri) if uri.startswith("file:") else None
-    return path if path else f"buffer:{uri}"
+    return os.path.realpath(path) if path else f"buffer:{uri}"
 
 
 def _cursor(ls: RestLanguageServer, uri: str, position: types.Position) -> tuple[str, int, types.Position] | None:
