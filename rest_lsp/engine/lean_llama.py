@@ -101,7 +101,17 @@ def fp16_packs(dtype: torch.dtype, device: torch.device) -> bool:
             and hasattr(torch.ops.quantized, "linear_dynamic_fp16"))
 
 
-PACKINGS = ("panel", "onednn", "fp16", "none")
+def q8_packs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether Matmul can run on rest-lsp's Q8_0 integer kernel here (CPU, fp32 activations, a C compiler:
+    quant_matmul.py)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    from rest_lsp.engine import quant_matmul
+
+    return quant_matmul.available()
+
+
+PACKINGS = ("panel", "onednn", "fp16", "q8", "none")
 PACK_ROWS = 8  # the input rows oneDNN is told to expect when it picks the weight layout (a tree step's size)
 
 
@@ -111,7 +121,9 @@ class Matmul(torch.nn.Module):
       from F.linear, and it is the same for any number of rows);
     - "onednn": oneDNN's layout of the fp32 weight (exact: only the accumulation order differs from F.linear);
     - "fp16": fbgemm's fp16 copy, multiplied in fp32 (half the bytes a step streams; the weights round to fp16
-      once, so outputs differ from fp32's where the model is near a tie: the "float16-weights" mode).
+      once, so outputs differ from fp32's where the model is near a tie: the "float16-weights" mode);
+    - "q8": Q8_0 blocks (a GGUF's own, or the weight quantized to them) on rest-lsp's integer kernel
+      (quant_matmul.py; the rows quantized per block of 32, each row's result the same for any number of rows).
     A module, so that the layer stack can run as TorchScript (`LayerStack`)."""
 
     packing = "none"
@@ -126,6 +138,11 @@ class Matmul(torch.nn.Module):
                                None if bias is None else bias.detach().float().contiguous())
         if pack == "onednn":
             return OneDNNMatmul(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS), bias)
+        if pack == "q8":
+            from rest_lsp.engine import quant_matmul
+
+            return QuantMatmul(quant_matmul.pack(weight), weight.shape[0],
+                               None if bias is None else bias.detach().float().contiguous())
         if pack == "fp16":
             return Fp16Matmul(torch.ops.quantized.linear_prepack_fp16(weight.detach(),
                                                                       None if bias is None else bias.detach()))
@@ -153,6 +170,18 @@ class PanelMatmul(Matmul):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.rest_lsp.panel_mm(x, self.panels, self.out_features, self.bias)
+
+
+class QuantMatmul(Matmul):
+    packing = "q8"
+    bias: Optional[torch.Tensor]
+
+    def __init__(self, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None):
+        super().__init__()
+        self.panels, self.out_features, self.bias = panels, out_features, bias  # uint8 [N/16, bytes], N, [N]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.rest_lsp.quant_mm(x, self.panels, self.out_features, self.bias)
 
 
 class OneDNNMatmul(Matmul):
@@ -187,7 +216,7 @@ def pick_packing(pack: str | bool | None, dtype: torch.dtype, device: torch.devi
     name = {True: "onednn", False: "none"}.get(pack, pack)
     if name not in PACKINGS:
         raise ValueError(f"unknown packing {pack!r}: use one of {', '.join(PACKINGS)}")
-    runs = {"panel": panel_packs, "onednn": onednn_packs, "fp16": fp16_packs}.get(name)
+    runs = {"panel": panel_packs, "onednn": onednn_packs, "fp16": fp16_packs, "q8": q8_packs}.get(name)
     if runs is not None and not runs(dtype, device):
         raise ValueError(f"{name} cannot pack {dtype} weights on {device}")
     return name
@@ -392,7 +421,8 @@ class LeanLlama:
         self.embed = model.get_input_embeddings().weight  # [V, H]
         self.norm = Norm.of(model.model.norm.weight)
         self.packing = pick_packing(pack, self.dtype, self.device)
-        scale = query_scale(self.head_dim)
+        # Q8_0 weights keep their blocks as they are: attention takes the scale (in fp16 a scaled block scale can round)
+        scale = query_scale(self.head_dim) if self.packing != "q8" else None
         # the attention scale, where the query weights could not take it exactly
         self.score_scale = 1.0 if scale is not None else self.head_dim**-0.5
         # Verification steps run static (see `step`) on a GPU, where launches cost more than the arithmetic; on a

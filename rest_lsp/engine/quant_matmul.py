@@ -1,0 +1,500 @@
+"""The CPU matmul of a quantized model's step: Q8_0 weights (32 int8 and one fp16 scale a block, llama.cpp's format)
+multiplied with the CPU's integer dot products, never widened to 16 or 32 bits in memory.
+
+A step of a quantized model is a pass over every weight for a handful of rows. Kept as Q8_0 a weight is 8.5 bits,
+a quarter of fp32's bytes and about half of fp16's, so the pass streams that much less. The arithmetic is
+llama.cpp's for Q8_0 x Q8_0:
+
+  - each input row is quantized per block of 32 (d = max|x| / 127, q = x / d rounded to the nearest, ties to
+    even), once per call;
+  - a block's 32 products are summed exactly in int32 (integer dot products), then the block's term
+    float(sum) * (d_w * d_x) is added to the output with one fused multiply-add, block after block in k order.
+
+Each output is that same chain of operations whatever the rows beside it and whatever the instruction set, so a
+row's result is bit for bit the same alone or in a tree of 16 (REST = plain decoding in this mode), and the
+AVX-512, AVX-VNNI, AVX2 and portable builds agree bit for bit (tests/engine/test_quant_matmul.py).
+
+Layout (`pack`): the weight [N, K] becomes panels of 16 output columns; a panel is its K/32 blocks of quants, each
+block 8 groups x 16 columns x 4 consecutive k as bytes q + 128 (one 64-byte vector a group: the unsigned operand
+of `vpdpbusd`, whose 16 int32 lanes are the 16 columns), followed by the blocks' fp16 scales [K/32][16], padded to
+64 bytes. The weight's +128 comes back out exactly as 128 x (the row block's sum of q), known from the
+quantization. Paths, by what the compiler targets (`-march`): AVX-512 VNNI (zmm, up to 12 rows a tile with the
+block's weights in registers), AVX-VNNI (ymm), AVX2 (`vpmaddubsw` over |w| and x signed as w, no saturation
+since |x| <= 127), portable C. The panels are split between torch's OpenMP threads as in panel_matmul.py.
+
+Built and kept like the panel kernel (panel_matmul's compiler, cache folder and machine key), checked against a
+reference product before use; where it cannot be built, `available()` is False.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from rest_lsp.engine import panel_matmul  # its compiler, cache folder and machine key; defines the op namespace
+from rest_lsp.engine.panel_matmul import _compiler, _machine, _run, kernel_folder
+
+log = logging.getLogger(__name__)
+
+PANEL = 16  # output columns per panel
+BLOCK = 32  # weights per Q8_0 block (one scale)
+
+SOURCE = r"""
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+typedef long long idx;
+
+#define NB 16   /* columns per panel */
+#define QK 32   /* weights per block */
+#define BQ 512  /* bytes of quants per block of a panel: 8 groups x 16 columns x 4 k */
+#ifndef PFD
+#define PFD 4096 /* the first tile of a panel prefetches this many bytes ahead in the weight stream */
+#endif
+
+/* 3: AVX-512 VNNI, 2: AVX-VNNI, 1: AVX2, 0: portable C */
+#ifndef QM_PATH
+#  if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#    define QM_PATH 3
+#  elif defined(__AVXVNNI__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#    define QM_PATH 2
+#  elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#    define QM_PATH 1
+#  else
+#    define QM_PATH 0
+#  endif
+#endif
+
+#if QM_PATH == 3
+#define MT 12
+#else
+#define MT 4
+#endif
+
+static idx panel_bytes(idx nb) { return nb * BQ + (nb * NB * 2 + 63) / 64 * 64; }
+
+/* the rows quantized per block: xq [m][nb*32], xd [m][nb] (scales), xs [m][nb] (sums of the quants) */
+static void quantize_rows(const float *x, idx m, idx k, idx nb, int8_t *xq, float *xd, int32_t *xs) {
+    for (idx r = 0; r < m; r++) {
+        for (idx b = 0; b < nb; b++) {
+            float v[QK], amax = 0.0f;
+            for (int i = 0; i < QK; i++) {
+                idx j = b * QK + i;
+                v[i] = j < k ? x[r * k + j] : 0.0f;
+                float a = fabsf(v[i]);
+                amax = a > amax ? a : amax;
+            }
+            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int32_t s = 0;
+            for (int i = 0; i < QK; i++) {
+                int q = (int)nearbyintf(v[i] * id);
+                xq[r * nb * QK + b * QK + i] = (int8_t)q;
+                s += q;
+            }
+            xd[r * nb + b] = d;
+            xs[r * nb + b] = s;
+        }
+    }
+}
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, bits;
+    if (exp == 0) {
+        float f = ldexpf((float)man, -24);  /* zero or subnormal: exact */
+        return sign ? -f : f;
+    }
+    bits = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* rows [R] of the quantized input times one panel; out [R][NB] */
+#if QM_PATH == 3
+#define TILE(R)                                                                                               \
+static void tile##R(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p, int pf,  \
+                    float *out) {                                                                             \
+    __m512 acc[R];                                                                                            \
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                                 \
+    const uint16_t *sc = (const uint16_t *)(p + nb * BQ);                                                     \
+    for (idx b = 0; b < nb; b++) {                                                                            \
+        const uint8_t *wb = p + b * BQ;                                                                       \
+        if (pf) for (int l = 0; l < BQ; l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);                      \
+        __m512i w[8];                                                                                         \
+        for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(wb + 64 * g));                   \
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + b * NB)));                     \
+        _Pragma("GCC unroll 12")                                                                              \
+        for (int r = 0; r < R; r++) {                                                                         \
+            const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
+            __m512i s = _mm512_set1_epi32(-128 * xs[r * nb + b]);                                             \
+            for (int g = 0; g < 8; g++) {                                                                     \
+                int32_t four;                                                                                 \
+                memcpy(&four, xr + 4 * g, 4);                                                                 \
+                s = _mm512_dpbusd_epi32(s, w[g], _mm512_set1_epi32(four));                                    \
+            }                                                                                                 \
+            __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));                                 \
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[r]);                                   \
+        }                                                                                                     \
+    }                                                                                                         \
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * NB, acc[r]);                                       \
+}
+#elif QM_PATH == 2 || QM_PATH == 1
+#if QM_PATH == 2
+/* the 4-byte groups of 8 columns (unsigned, +128) dotted with the row's 4 bytes; the +128 is taken out below */
+#define DOT(s, w, x) s = _mm256_dpbusd_avx_epi32(s, w, x)
+#define START(xs) _mm256_set1_epi32(-128 * (xs))
+#else
+/* w = byte ^ 0x80 signed; |w| (unsigned) times x signed as w: pairs of products in int16 (|.| <= 2 x 128 x 127,
+   no saturation), summed into int32 */
+#define DOT(s, w, x) do {                                                                                     \
+        __m256i sw = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));                                       \
+        __m256i pr = _mm256_maddubs_epi16(_mm256_abs_epi8(sw), _mm256_sign_epi8(x, sw));                      \
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(pr, _mm256_set1_epi16(1)));                                 \
+    } while (0)
+#define START(xs) _mm256_setzero_si256()
+#endif
+#define TILE(R)                                                                                               \
+static void tile##R(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p, int pf,  \
+                    float *out) {                                                                             \
+    __m256 lo[R], hi[R];                                                                                      \
+    for (int r = 0; r < R; r++) { lo[r] = _mm256_setzero_ps(); hi[r] = _mm256_setzero_ps(); }                 \
+    const uint16_t *sc = (const uint16_t *)(p + nb * BQ);                                                     \
+    for (idx b = 0; b < nb; b++) {                                                                            \
+        const uint8_t *wb = p + b * BQ;                                                                       \
+        if (pf) for (int l = 0; l < BQ; l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);                      \
+        __m256 dlo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB)));                        \
+        __m256 dhi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB + 8)));                    \
+        for (int r = 0; r < R; r++) {                                                                         \
+            const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
+            __m256i s0 = START(xs[r * nb + b]), s1 = s0;                                                      \
+            for (int g = 0; g < 8; g++) {                                                                     \
+                int32_t four;                                                                                 \
+                memcpy(&four, xr + 4 * g, 4);                                                                 \
+                __m256i xb = _mm256_set1_epi32(four);                                                         \
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(wb + 64 * g));                              \
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(wb + 64 * g + 32));                         \
+                DOT(s0, w0, xb);                                                                              \
+                DOT(s1, w1, xb);                                                                              \
+            }                                                                                                 \
+            __m256 dx = _mm256_set1_ps(xd[r * nb + b]);                                                       \
+            lo[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(dlo, dx), lo[r]);                   \
+            hi[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(dhi, dx), hi[r]);                   \
+        }                                                                                                     \
+    }                                                                                                         \
+    for (int r = 0; r < R; r++) { _mm256_storeu_ps(out + r * NB, lo[r]); _mm256_storeu_ps(out + r * NB + 8, hi[r]); } \
+}
+#else
+#define TILE(R)                                                                                               \
+static void tile##R(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p, int pf,  \
+                    float *out) {                                                                             \
+    (void)xs; (void)pf;                                                                                       \
+    float acc[R][NB];                                                                                         \
+    memset(acc, 0, sizeof acc);                                                                               \
+    const uint16_t *sc = (const uint16_t *)(p + nb * BQ);                                                     \
+    for (idx b = 0; b < nb; b++) {                                                                            \
+        const uint8_t *wb = p + b * BQ;                                                                       \
+        for (int r = 0; r < R; r++) {                                                                         \
+            const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
+            float dx = xd[r * nb + b];                                                                        \
+            for (int c = 0; c < NB; c++) {                                                                    \
+                int32_t s = 0;                                                                                \
+                for (int g = 0; g < 8; g++)                                                                   \
+                    for (int j = 0; j < 4; j++)                                                               \
+                        s += ((int)wb[64 * g + 4 * c + j] - 128) * xr[4 * g + j];                             \
+                float scale = half_to_float(sc[b * NB + c]) * dx;                                             \
+                acc[r][c] = fmaf((float)s, scale, acc[r][c]);                                                 \
+            }                                                                                                 \
+        }                                                                                                     \
+    }                                                                                                         \
+    memcpy(out, acc, sizeof acc);                                                                             \
+}
+#endif
+
+TILE(1) TILE(2) TILE(3) TILE(4)
+#if MT > 4
+TILE(5) TILE(6) TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+#endif
+
+typedef void (*tile_fn)(const int8_t *, const float *, const int32_t *, idx, const uint8_t *, int, float *);
+static const tile_fn tiles[MT + 1] = {0, tile1, tile2, tile3, tile4
+#if MT > 4
+    , tile5, tile6, tile7, tile8, tile9, tile10, tile11, tile12
+#endif
+};
+
+static void panels(const int8_t *xq, const float *xd, const int32_t *xs, idx m, idx nb, const uint8_t *w, idx n,
+                   const float *bias, float *y, idx first, idx last) {
+    float out[MT * NB];
+    idx stride = panel_bytes(nb);
+    for (idx q = first; q < last; q++) {
+        const uint8_t *p = w + q * stride;
+        idx c0 = q * NB, cols = n - c0 < NB ? n - c0 : NB;
+        for (idx m0 = 0; m0 < m; m0 += MT) {
+            idx r = m - m0 < MT ? m - m0 : MT;
+            tiles[r](xq + m0 * nb * QK, xd + m0 * nb, xs + m0 * nb, nb, p, m0 == 0, out);
+            for (idx i = 0; i < r; i++) {
+                float *row = y + (m0 + i) * n + c0;
+                for (idx c = 0; c < cols; c++) row[c] = bias ? out[i * NB + c] + bias[c0 + c] : out[i * NB + c];
+            }
+        }
+    }
+}
+
+/* y [m, n] = x [m, k] quantized per block of 32 times the Q8_0 weight given as panels (`pack`), + bias (may be
+   NULL); on `threads` threads. 0, or -1 when the scratch memory could not be had */
+int quant_mm(const float *x, idx m, idx k, const uint8_t *w, idx n, const float *bias, float *y, int threads) {
+    idx nb = (k + QK - 1) / QK, count = (n + NB - 1) / NB;
+    int8_t *xq = malloc((size_t)(m * nb * QK) + 1);
+    float *xd = malloc(sizeof(float) * (size_t)(m * nb) + 1);
+    int32_t *xs = malloc(sizeof(int32_t) * (size_t)(m * nb) + 1);
+    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -1; }
+    quantize_rows(x, m, k, nb, xq, xd, xs);
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(threads) if (threads > 1 && count > 1 && m * k * n >= 65536)
+    {
+        idx t = omp_get_thread_num(), T = omp_get_num_threads();
+        panels(xq, xd, xs, m, nb, w, n, bias, y, count * t / T, count * (t + 1) / T);
+    }
+#else
+    (void)threads;
+    panels(xq, xd, xs, m, nb, w, n, bias, y, 0, count);
+#endif
+    free(xq); free(xd); free(xs);
+    return 0;
+}
+
+/* the rows' quantization alone (for the tests' reference) */
+void quant_rows(const float *x, idx m, idx k, int8_t *xq, float *xd, int32_t *xs) {
+    quantize_rows(x, m, k, (k + QK - 1) / QK, xq, xd, xs);
+}
+
+int quant_path(void) { return QM_PATH; }
+
+int quant_threaded(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+"""
+
+PATHS = {3: "AVX-512 VNNI", 2: "AVX-VNNI", 1: "AVX2", 0: "portable C"}
+# -ffp-contract=off: every multiply and add rounds where the source says (the fused ones are written as such)
+FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")
+NATIVE = "-march=native"
+
+_lock = threading.Lock()
+_libraries: dict[str, ctypes.CDLL | None] = {}  # march -> the library once tried (None: not built, or it failed)
+
+
+def _build(cc: str, folder: Path, march: str) -> Path:
+    """The compiled library for `march` in `folder` (built once per source, flags, compiler and CPU)."""
+    version = _run([cc, "--version"]).stdout
+    key = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), march, version, _machine()]).encode()).hexdigest()[:16]
+    target = folder / f"quant_matmul-{key}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        src = Path(tmp) / "quant_matmul.c"
+        src.write_text(SOURCE)
+        out = Path(tmp) / target.name
+        errors = ""
+        for extra in (["-fopenmp"], []):  # with OpenMP first, then one thread (`quant_threaded`)
+            done = _run([cc, *FLAGS, march, *extra, str(src), "-o", str(out), "-lm"])
+            if done.returncode == 0:
+                os.replace(out, target)  # atomic: another process building the same library meanwhile is harmless
+                return target
+            errors = done.stderr.strip()
+        lines = errors.splitlines()
+        raise OSError(next((line for line in lines if "error" in line), lines[-1] if lines else f"{cc} failed"))
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    ll, vp = ctypes.c_longlong, ctypes.c_void_p
+    lib.quant_mm.argtypes = [vp, ll, ll, vp, ll, vp, vp, ctypes.c_int]
+    lib.quant_mm.restype = ctypes.c_int
+    lib.quant_rows.argtypes = [vp, ll, ll, vp, vp, vp]
+    lib.quant_rows.restype = None
+    lib.quant_path.restype = ctypes.c_int
+    lib.quant_threaded.restype = ctypes.c_int
+    return lib
+
+
+def _checked(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """`lib` once it computes a small product with partial panels, blocks and tiles as the reference does
+    (ValueError if not): a compiler that miscompiles it must not reach a step."""
+    gen = torch.Generator().manual_seed(0)
+    weight, bias, x = (torch.randn(*shape, generator=gen) for shape in ((50, 70), (50,), (13, 70)))
+    panels, got = pack(weight), torch.empty(13, 50)
+    if lib.quant_mm(x.data_ptr(), 13, 70, panels.data_ptr(), 50, bias.data_ptr(), got.data_ptr(), 1) != 0:
+        raise ValueError("it could not allocate its scratch memory")
+    if not torch.allclose(got, reference(x, weight, bias), rtol=1e-5, atol=1e-4):
+        raise ValueError("its results differ from the reference's")
+    if not lib.quant_threaded():
+        log.warning("The quantized kernel was built without OpenMP: its matmuls run on one thread.")
+    return lib
+
+
+def library(march: str = NATIVE, folder: Path | None = None) -> ctypes.CDLL | None:
+    """The compiled kernel for `march` (the machine's own by default; another, e.g. -march=haswell, builds a
+    fallback path for the tests), built and checked on first use; None where it cannot be (said once)."""
+    if march in _libraries:
+        return _libraries[march]
+    with _lock:
+        if march in _libraries:
+            return _libraries[march]
+        lib = None
+        cc = _compiler()
+        if cc is None:
+            log.info("No C compiler here (CC, cc, gcc): the quantized mode cannot run.")
+        else:
+            try:
+                lib = _checked(_bind(ctypes.CDLL(str(_build(cc, folder or kernel_folder(), march)))))
+            except Exception as err:  # noqa: BLE001 - whatever went wrong, the other modes still run
+                log.warning("The quantized kernel could not be built with %s %s (%s): the quantized mode cannot run.",
+                            cc, march, err)
+                lib = None
+        _libraries[march] = lib
+        return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def path_name(lib: ctypes.CDLL | None = None) -> str:
+    """The instruction set a library's dot products run on ("AVX-512 VNNI", "AVX-VNNI", "AVX2", "portable C")."""
+    lib = lib or library()
+    return PATHS[lib.quant_path()] if lib is not None else "none"
+
+
+# -- Q8_0 blocks ---------------------------------------------------------------------------------------------------
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (quants int8 [N, K/32, 32], scales fp16 [N, K/32]) as llama.cpp's quantize_row_q8_0 makes
+    them (d = max|w| / 127; q = w / d rounded half away from zero), K padded with zeros to a multiple of 32.
+    Weights that were Q8_0 blocks (dequantized: q x d) come back as those blocks exactly."""
+    w = weight.detach().float()
+    n, k = w.shape
+    nb = -(-k // BLOCK)
+    if nb * BLOCK != k:
+        w = torch.nn.functional.pad(w, (0, nb * BLOCK - k))
+    w = w.reshape(n, nb, BLOCK)
+    d = w.abs().amax(-1) / 127.0  # [N, nb]
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    v = w * inv[..., None]
+    q = (torch.sign(v) * torch.floor(v.abs() + 0.5)).to(torch.int8)
+    return q, d.half()
+
+
+def from_gguf_q8_0(raw: torch.Tensor | "object", k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF Q8_0 tensor's raw bytes [N, K/32 * 34] (gguf.GGUFReader's `data`: per block an fp16 scale, then 32
+    int8) -> (quants int8 [N, K/32, 32], scales fp16 [N, K/32])."""
+    raw = torch.as_tensor(raw).view(torch.uint8)
+    n = raw.shape[0]
+    blocks = raw.reshape(n, k // BLOCK, 2 + BLOCK)
+    return blocks[..., 2:].contiguous().view(torch.int8), blocks[..., :2].contiguous().view(torch.float16)[..., 0]
+
+
+def panel_bytes(k: int) -> int:
+    nb = -(-k // BLOCK)
+    return nb * 512 + -(-nb * PANEL * 2 // 64) * 64
+
+
+def pack_blocks(quants: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Q8_0 blocks (int8 [N, nb, 32], fp16 [N, nb]) -> panels uint8 [ceil(N / 16), panel_bytes] (see the module's
+    docstring), the columns past N zero."""
+    n, nb, _ = quants.shape
+    count = -(-n // PANEL)
+    q = torch.zeros(count * PANEL, nb, BLOCK, dtype=torch.int8)
+    q[:n] = quants
+    d = torch.zeros(count * PANEL, nb, dtype=torch.float16)
+    d[:n] = scales
+    # [P, 16 cols, nb, 8 groups, 4] -> [P, nb, 8, 16, 4]; q + 128 as a byte is q's bits with the top one flipped
+    body = q.view(count, PANEL, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(count, nb * 512).view(torch.uint8) ^ 0x80
+    tail = d.view(count, PANEL, nb).transpose(1, 2).reshape(count, nb * PANEL).view(torch.uint8)  # [P, nb 16 2]
+    out = torch.zeros(count, panel_bytes(nb * BLOCK), dtype=torch.uint8)
+    out[:, : nb * 512] = body
+    out[:, nb * 512 : nb * 512 + tail.shape[1]] = tail
+    return out
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] (float) -> Q8_0 panels (`quantize_q8_0`, `pack_blocks`)."""
+    return pack_blocks(*quantize_q8_0(weight))
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's quantization of input rows x [m, K] in torch: (quants int8 [m, nb, 32], scales fp32 [m, nb]),
+    d = max|x| / 127, x / d ... as x * (1 / d) rounded half to even."""
+    x = x.float()
+    m, k = x.shape
+    nb = -(-k // BLOCK)
+    x = torch.nn.functional.pad(x, (0, nb * BLOCK - k)).reshape(m, nb, BLOCK)
+    d = x.abs().amax(-1) / 127.0
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    return torch.round(x * inv[..., None]).to(torch.int8), d
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What the kernel computes, in float64 after the exact integer sums: sum over blocks of
+    sum(qw qx) * float32(d_w d_x), + bias (the kernel adds the terms in fp32, one fused multiply-add each)."""
+    qw, dw = quantize_q8_0(weight)
+    qx, dx = quantize_rows(x)
+    sums = torch.einsum("nbi,mbi->mnb", qw.long(), qx.long())  # [m, N, nb] exact
+    scale = dw.float()[None] * dx[:, None]  # fp32 products, as the kernel's
+    out = (sums.double() * scale.double()).sum(-1)
+    if bias is not None:
+        out = out + bias.double()
+    return out.float()
+
+
+def quant_mm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x [m, K] (fp32) times the Q8_0 weight in `panels` (`pack`) + bias -> [m, n]."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the quantized kernel is not available on this machine")
+    x = x.contiguous()
+    m, k = x.shape
+    if (x.dtype != torch.float32 or panels.dtype != torch.uint8 or panels.dim() != 2
+            or panels.shape[1] != panel_bytes(k) or panels.shape[0] * PANEL < n or not panels.is_contiguous()
+            or not (x.is_cpu and panels.is_cpu)
+            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() < n
+                                      or not bias.is_cpu))):
+        raise ValueError(f"quant_mm: input [{m}, {k}] {x.dtype} does not fit panels {list(panels.shape)} "
+                         f"{panels.dtype} for {n} outputs" + ("" if bias is None else f", bias [{bias.numel()}]"))
+    y = torch.empty(m, n, dtype=torch.float32)
+    if m and lib.quant_mm(x.data_ptr(), m, k, panels.data_ptr(), n, None if bias is None else bias.data_ptr(),
+                          y.data_ptr(), torch.get_num_threads()) != 0:
+        raise MemoryError("quant_mm: no scratch memory for the quantized rows")
+    return y
+
+
+def _op(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    return quant_mm(x, panels, n, bias)
+
+
+# The op TorchScript calls (torch.ops.rest_lsp.quant_mm), in the namespace panel_matmul defines.
+assert panel_matmul._ops is not None
+_ops = torch.library.Library("rest_lsp", "FRAGMENT")
+_ops.define("quant_mm(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor")
+_ops.impl("quant_mm", _op, "CPU")

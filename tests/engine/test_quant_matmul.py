@@ -1,0 +1,205 @@
+"""Our Q8_0 integer kernel (rest_lsp/engine/quant_matmul.py): the product llama.cpp's Q8_0 x Q8_0 arithmetic defines,
+a row's result the same bit for bit whatever the rows beside it (one thread or two), the AVX-VNNI, AVX2 and
+portable builds equal to the machine's own bit for bit, a GGUF's Q8_0 blocks kept exactly, the op under
+TorchScript, and a library that computes wrong results refused."""
+
+import logging
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from rest_lsp.engine import quant_matmul
+from rest_lsp.engine.lean_llama import Matmul, QuantMatmul, pick_packing, q8_packs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_cache(tmp_path_factory):
+    """Every library these tests build goes to a folder of their own, never the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REST_LSP_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+def native():
+    lib = quant_matmul.library()
+    if lib is None:
+        pytest.skip("no C compiler here builds the quantized kernel")
+    return lib
+
+
+@pytest.mark.parametrize("n,k", [(16, 32), (50, 70), (96, 576), (7, 100), (1, 3), (130, 64)])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_the_kernel_computes_the_q8_0_product(n, k, bias):
+    native()
+    torch.manual_seed(n * 1000 + k)
+    weight = torch.randn(n, k)
+    b = torch.randn(n) if bias else None
+    panels = quant_matmul.pack(weight)
+    assert panels.shape == (-(-n // 16), quant_matmul.panel_bytes(k))
+    for m in (1, 4, 5, 12, 13, 25):
+        x = torch.randn(m, k)
+        got = quant_matmul.quant_mm(x, panels, n, b)
+        assert got.shape == (m, n)
+        torch.testing.assert_close(got, quant_matmul.reference(x, weight, b), rtol=1e-5, atol=2e-5 * k**0.5)
+        # and it is a quantized product: near F.linear's, not equal to it
+        assert (got - torch.nn.functional.linear(x, weight, b)).abs().max() < 0.05 * k**0.5
+
+
+def test_the_kernels_row_quantization_is_the_documented_one():
+    lib = native()
+    torch.manual_seed(1)
+    x = torch.randn(5, 70) * torch.tensor([1e-3, 1.0, 30.0, 0.0, 1.0])[:, None]
+    x[4, 40:] = 0  # a block of zeros: scale 0, quants 0
+    nb = 3
+    xq, xd, xs = torch.empty(5, nb, 32, dtype=torch.int8), torch.empty(5, nb), torch.empty(5, nb, dtype=torch.int32)
+    lib.quant_rows(x.data_ptr(), 5, 70, xq.data_ptr(), xd.data_ptr(), xs.data_ptr())
+    want_q, want_d = quant_matmul.quantize_rows(x)
+    assert torch.equal(xq, want_q) and torch.equal(xd, want_d)
+    assert torch.equal(xs, want_q.int().sum(-1)) and xq.abs().max() == 127
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(threads):
+    """A tree step's rows come out as the plain step's row would, bit for bit (1-3 tiles, 1 or 2 threads)."""
+    native()
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(3)
+        weight, bias = torch.randn(300, 130), torch.randn(300)
+        panels = quant_matmul.pack(weight)
+        x = torch.randn(29, 130)
+        together = quant_matmul.quant_mm(x, panels, 300, bias)
+        for i in range(29):
+            assert torch.equal(together[i : i + 1], quant_matmul.quant_mm(x[i : i + 1], panels, 300, bias)), i
+        for lo, hi in ((5, 12), (0, 12), (3, 16), (10, 23)):
+            assert torch.equal(together[lo:hi], quant_matmul.quant_mm(x[lo:hi], panels, 300, bias))
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("march,path", [("-march=alderlake", "AVX-VNNI"), ("-march=haswell", "AVX2"),
+                                        ("-march=x86-64", "portable C")])
+def test_each_instruction_set_computes_the_same_bits(march, path):
+    """The fallbacks, built here for CPUs without AVX-512 VNNI (the dot products done otherwise, the same float
+    operations after them), give the machine's own results bit for bit."""
+    mine = native()
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 instruction sets")
+    lib = quant_matmul.library(march)
+    if lib is None:
+        pytest.skip(f"this compiler does not build {march}")
+    assert quant_matmul.path_name(lib) == path
+    torch.manual_seed(5)
+    weight, bias = torch.randn(70, 200), torch.randn(70)
+    weight[3, :32] = 0  # an all-zero block
+    weight[4, 32:64] = -weight[4, 32:64].abs()  # a block whose largest magnitude is negative: a quant of -127
+    panels = quant_matmul.pack(weight)
+    x = torch.randn(17, 200)
+    want = quant_matmul.quant_mm(x, panels, 70, bias, lib=mine)
+    assert torch.equal(quant_matmul.quant_mm(x, panels, 70, bias, lib=lib), want)
+    assert torch.equal(quant_matmul.quant_mm(x[2:3], panels, 70, bias, lib=lib), want[2:3])
+
+
+def test_the_weight_of_minus_128_is_multiplied_right_on_every_path():
+    """A GGUF may hold a quant of -128 (llama.cpp's own quantizer never writes it): the unsigned +128 byte is 0
+    and the AVX2 path's |w| is 128; both must still give -128 x."""
+    mine = native()
+    q = torch.full((16, 1, 32), -128, dtype=torch.int8)
+    d = torch.full((16, 1), 0.5, dtype=torch.float16)
+    panels = quant_matmul.pack_blocks(q, d)
+    x = torch.full((2, 32), 127.0)
+    want = torch.full((2, 16), -128 * 127 * 32 * 0.5)
+    for march in (None, "-march=haswell", "-march=alderlake", "-march=x86-64"):
+        lib = mine if march is None else quant_matmul.library(march)
+        if lib is not None:
+            assert torch.equal(quant_matmul.quant_mm(x, panels, 16, None, lib=lib), want), march
+
+
+def test_a_ggufs_q8_0_blocks_are_kept_exactly():
+    """What transformers makes of a Q8_0 tensor (the blocks dequantized to fp32) quantizes back to the very
+    blocks of the file; and fresh weights quantize to what llama.cpp's quantizer (gguf-py's copy) writes."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((48, 96)) * 0.05).astype(np.float32)
+    raw = quantize(weight, GGMLQuantizationType.Q8_0)  # [48, 3 * 34] bytes
+    q, d = quant_matmul.from_gguf_q8_0(torch.from_numpy(raw), 96)
+    assert q.shape == (48, 3, 32) and d.shape == (48, 3)
+    dequantized = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q8_0))
+    assert torch.equal(dequantized, (q.float() * d.float()[..., None]).reshape(48, 96))
+    again_q, again_d = quant_matmul.quantize_q8_0(dequantized)
+    assert torch.equal(again_q, q) and torch.equal(again_d, d)
+    fresh_q, fresh_d = quant_matmul.quantize_q8_0(torch.from_numpy(weight))
+    assert torch.equal(fresh_q, q) and torch.equal(fresh_d, d)
+
+
+def test_the_panels_hold_the_blocks_where_the_kernel_reads_them():
+    q = torch.arange(17 * 2 * 32).reshape(17, 2, 32).remainder(255).sub(127).to(torch.int8)
+    d = torch.arange(34, dtype=torch.float16).reshape(17, 2)
+    panels = quant_matmul.pack_blocks(q, d)
+    assert panels.shape == (2, quant_matmul.panel_bytes(64)) and quant_matmul.panel_bytes(64) == 2 * 512 + 64
+    # panel 0, block 1, group 2, column 5, byte 3 is column 5's k = 32 + 2 * 4 + 3, plus 128
+    assert panels[0, 512 + 2 * 64 + 5 * 4 + 3].item() == (int(q[5, 1, 11]) + 128)
+    assert panels[1, 0].item() == int(q[16, 0, 0]) + 128 and panels[1, 4].item() == 128  # column 17: padding
+    scales = panels[0, 1024 : 1024 + 64].view(torch.float16).view(2, 16)
+    assert torch.equal(scales, d[:16].T)
+
+
+def test_the_op_runs_under_torchscript_as_in_python():
+    native()
+    torch.manual_seed(4)
+    weight, bias = torch.randn(40, 64), torch.randn(40)
+    layer = Matmul.of(weight, bias, "q8")
+    assert isinstance(layer, QuantMatmul) and layer.packing == "q8"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated; it still runs here
+        scripted = torch.jit.script(layer)
+    x = torch.randn(3, 64)
+    assert torch.equal(scripted(x), quant_matmul.quant_mm(x, quant_matmul.pack(weight), 40, bias))
+    assert q8_packs(torch.float32, torch.device("cpu"))
+    assert pick_packing("q8", torch.float32, torch.device("cpu")) == "q8"
+    with pytest.raises(ValueError, match="q8 cannot pack"):
+        pick_packing("q8", torch.bfloat16, torch.device("cpu"))
+
+
+def test_input_that_does_not_fit_the_panels_is_refused():
+    native()
+    panels = quant_matmul.pack(torch.randn(16, 64))
+    for x, n, bias in ((torch.randn(2, 96), 16, None), (torch.randn(2, 64, dtype=torch.float64), 16, None),
+                       (torch.randn(2, 64), 17, None), (torch.randn(2, 64), 16, torch.randn(15))):
+        with pytest.raises(ValueError, match="does not fit"):
+            quant_matmul.quant_mm(x, panels, n, bias)
+    with pytest.raises(ValueError, match="does not fit"):
+        quant_matmul.quant_mm(torch.randn(2, 64), panels.float(), 16)
+
+
+@pytest.fixture
+def fresh_library(monkeypatch, tmp_path):
+    monkeypatch.setattr(quant_matmul, "_libraries", {})
+    monkeypatch.setattr(quant_matmul, "kernel_folder", lambda: tmp_path / "kernels")
+    return tmp_path / "kernels"
+
+
+def test_a_library_that_computes_wrong_results_is_not_used(monkeypatch, fresh_library, caplog):
+    if quant_matmul._compiler() is None:
+        pytest.skip("no C compiler here")
+    wrong = quant_matmul.SOURCE.replace("int q = (int)nearbyintf(v[i] * id);", "int q = (int)nearbyintf(v[i] * id) / 2;")
+    assert wrong != quant_matmul.SOURCE
+    monkeypatch.setattr(quant_matmul, "SOURCE", wrong)
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.quant_matmul"):
+        assert quant_matmul.library() is None
+        assert not quant_matmul.available() and not q8_packs(torch.float32, torch.device("cpu"))
+    assert "its results differ from the reference's" in caplog.text
+
+
+def test_without_a_compiler_there_is_no_quantized_mode(monkeypatch, fresh_library):
+    monkeypatch.setattr(quant_matmul, "_compiler", lambda: None)
+    assert quant_matmul.library() is None
+    with pytest.raises(ValueError, match="q8 cannot pack"):
+        pick_packing("q8", torch.float32, torch.device("cpu"))
