@@ -146,6 +146,10 @@ def _doc_id(uri: str) -> str:
     return os.path.realpath(path) if path else f"buffer:{uri}"
 
 
+def _folder_paths(folders: list[types.WorkspaceFolder] | None) -> list[Path]:
+    return [Path(path) for f in folders or [] if (path := to_fs_path(f.uri))]
+
+
 def _cursor(ls: RestLanguageServer, uri: str, position: types.Position) -> tuple[str, int, types.Position] | None:
     """(text, character offset, position clamped into the document), or None for a document never opened."""
     doc = ls.workspace.text_documents.get(unquote(uri))
@@ -273,6 +277,15 @@ def create_server(settings: Settings | None = None) -> RestLanguageServer:
         if not values:  # the pull model (VS Code sends null): ask for our section
             values = await _pull_settings(ls)
         ls.apply_settings(values)
+
+    folder_changes = asyncio.Lock()  # applied one after the other, in the order they came
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+    async def did_change_workspace_folders(ls: RestLanguageServer, params: types.DidChangeWorkspaceFoldersParams):
+        change = getattr(ls.service, "change_roots", None)  # a team client keeps the folders it started with
+        if change is not None:
+            async with folder_changes:  # in a thread: removing a folder joins its watcher
+                await asyncio.to_thread(change, _folder_paths(params.event.added), _folder_paths(params.event.removed))
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)

@@ -181,6 +181,11 @@ class CompletionService:
             self._started = True
         self._start_loading()
 
+    def change_roots(self, added: list[Path], removed: list[Path]) -> None:
+        """Workspace folders added or removed while running: indexed and watched, or dropped (blocks: not on the
+        event loop)."""
+        self._feed.change_roots([Path(r) for r in added], [Path(r) for r in removed])
+
     def _report(self, level: str, text: str) -> None:
         """Tell the owner; a failing listener is logged, never fatal to the thread that reports."""
         try:

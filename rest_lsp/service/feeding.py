@@ -57,6 +57,7 @@ class DatastoreFeed:
         self.datastore = None
         self.indexes: dict[str, object] = {}
         self.roots: list[Path] = []
+        self._indexing: set[tuple[int, str]] = set()  # (generation, root) being indexed: not started twice
         self.indexed = threading.Event()  # the roots of the current datastore and settings are indexed
         self._generation = 0  # bumped whenever the indexes are thrown away: older indexing stops
         self._closed = False
@@ -141,23 +142,44 @@ class DatastoreFeed:
         else:
             self.indexed.set()  # the loader starts the indexing once the model is there
 
+    def change_roots(self, added: list[Path], removed: list[Path]) -> None:
+        """Workspace folders added (indexed, then watched) or removed (unwatched, their files out of the datastore)
+        while running. Waits for the removed ones' watchers: never call it on the event loop."""
+        gone = {str(r) for r in removed}
+        with self._lock:
+            kept = [r for r in self.roots if str(r) not in gone]
+            self.roots = kept + [r for r in dict.fromkeys(added) if r not in kept and str(r) not in gone]
+            retired = [self.indexes.pop(k) for k in list(self.indexes) if k in gone]
+            datastore, ready = self.datastore, self._host._ready.is_set()
+            if ready and added:
+                self.indexed.clear()
+        self.retire(retired, datastore)
+        if ready and added:
+            self.start_indexing()
+
     def _stale(self, generation: int) -> bool:
         return self._closed or generation != self._generation
+
+    def _dropped(self, root: Path, generation: int) -> bool:
+        """The indexing of `root` is not wanted any more (closed, replaced, or the folder left the workspace)."""
+        return self._stale(generation) or root not in self.roots
 
     def _index_each_root(self, generation: int) -> None:
         from rest_lsp.datastore import WorkspaceIndex
 
         host = self._host
         for root in list(self.roots):
+            key = str(root)
             with self._lock:
                 s = host.settings
-                if not s.index_workspace or self._stale(generation) or str(root) in self.indexes:
+                if (not s.index_workspace or self._dropped(root, generation) or key in self.indexes
+                        or (generation, key) in self._indexing):
                     continue
+                self._indexing.add((generation, key))
                 loaded, datastore = host._loaded, self.datastore
-            key = str(root)
 
-            def tokenize(texts: list[str]) -> list[list[int]]:
-                if self._stale(generation):  # closed, or the indexes were replaced: stop indexing
+            def tokenize(texts: list[str], root=root) -> list[list[int]]:
+                if self._dropped(root, generation):  # closed, replaced, or removed: stop indexing
                     raise _Stale()
                 return host._tokenize_batch(texts)
 
@@ -175,18 +197,20 @@ class DatastoreFeed:
                 stats = index.build() or {}
                 index.start_watching()
                 with self._lock:
-                    stale = self._stale(generation)
-                    if not stale:
+                    dropped = self._dropped(root, generation)
+                    if not dropped:
                         self.indexes[key] = index
-                if stale:
+                if dropped:
                     self.retire([index], None if self._closed else datastore)
             except Exception as err:
-                if index is not None and self._stale(generation):
+                if index is not None and self._dropped(root, generation):
                     self.retire([index], None if self._closed else datastore)
                 elif not isinstance(err, _Stale):
                     log.exception("indexing %s failed", root)
                     host._report("warning", f"rest-lsp could not index {root}: {err}")
             finally:
+                with self._lock:
+                    self._indexing.discard((generation, key))
                 host.events.index_end(key, stats)
 
     def _on_disk_change(self, doc_ids: list[str]) -> None:
