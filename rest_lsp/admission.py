@@ -45,18 +45,27 @@ def admit(message: Any, token: str | None) -> str | None:
 
 class OnceInitializedProtocol(LanguageServerProtocol):
     """pygls' protocol, but a second `initialize` is answered InvalidRequest before pygls would replace its
-    workspace and the server build a second service; the token never reaches the settings."""
+    workspace and the server build a second service, and only the first `initialized` after it passes (another
+    would start the service again: a second model load); the token never reaches the settings."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.initialize_seen = False
+        self.initialized_seen = False
 
     def handle_message(self, message) -> None:
-        if getattr(message, "method", None) == types.INITIALIZE and getattr(message, "id", None) is not None:
+        method = getattr(message, "method", None)
+        if method == types.INITIALIZE and getattr(message, "id", None) is not None:
             if self.initialize_seen:
                 log.warning("%s", SECOND_INITIALIZE)
                 self._send_response(message.id, None, JsonRpcInvalidRequest(SECOND_INITIALIZE).to_response_error())
                 return
             self.initialize_seen = True
             strip_token(getattr(message.params, "initialization_options", None))
+        elif method == types.INITIALIZED:
+            if self.initialized_seen or not self.initialize_seen:
+                log.warning("An initialized notification %s is ignored.",
+                            "before initialize" if not self.initialize_seen else "after the first")
+                return
+            self.initialized_seen = True
         super().handle_message(message)

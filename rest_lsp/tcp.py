@@ -148,9 +148,13 @@ class OneClient:
         except Exception as err:  # noqa: BLE001 - pygls answers a bad initialize itself; never lose the client
             log.exception("Unable to handle the first message")
             self.server.report_server_error(err, type(err))
-        await run_async(stop_event=self.server._stop_event, reader=reader, protocol=protocol, logger=log,
-                        error_handler=self.server.report_server_error)
-        self.server.shutdown()
+        try:
+            await run_async(stop_event=self.server._stop_event, reader=reader, protocol=protocol, logger=log,
+                            error_handler=self.server.report_server_error)
+        except ConnectionError as err:  # a reset: the client is gone all the same
+            log.info("The client's connection ended: %s", err)
+        finally:
+            self.server.shutdown()
 
     async def refuse(self, message: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      reason: str) -> None:

@@ -5,7 +5,9 @@ import asyncio
 import json
 import os
 import socket
+import struct
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 from lsprotocol import types
@@ -14,7 +16,9 @@ from pygls.exceptions import JsonRpcInvalidRequest
 from support import command, server_command, start, wait_until
 from rest_lsp import admission
 from rest_lsp.auth import TokenError, read_token, token_matches
-from rest_lsp.server import DRAFTS_COMMAND, STATS_COMMAND
+from rest_lsp.server import DRAFTS_COMMAND, STATS_COMMAND, create_server
+from rest_lsp.service.completion import CompletionService
+from rest_lsp.settings import Settings
 from rest_lsp.tcp import is_loopback, parse_address
 
 TOKEN = "s3cr3t-token-of-the-editor-0123456789"
@@ -26,6 +30,7 @@ class Raw:
 
     def __init__(self, reader, writer):
         self.reader, self.writer, self.next_id = reader, writer, 0
+        self.notes = []  # the server's notifications
 
     @classmethod
     async def connect(cls, port, host="127.0.0.1", proc=None):
@@ -62,6 +67,8 @@ class Raw:
                     await self.send({"jsonrpc": "2.0", "id": message["id"], "result": None})
                 elif message.get("id") == self.next_id:
                     return message
+                elif "method" in message:
+                    self.notes.append(message)
         return None
 
     async def initialize(self, root, options):
@@ -175,7 +182,29 @@ async def test_with_a_token_nothing_is_served_without_it(tiny_models, tmp_path, 
     await editor.send({"jsonrpc": "2.0", "method": "exit"})
     assert await asyncio.wait_for(proc.wait(), 60) == 0
     log = (await proc.stderr.read()).decode()
-    assert "Unknown setting" not in log and TOKEN not in log  # the token reached no setting and no log
+    shown = [n["params"]["message"] for n in editor.notes if n["method"] == "window/showMessage"]
+    assert not [m for m in shown if "token" in m.lower()], shown  # the token reached no setting
+    assert TOKEN not in log
+
+
+async def test_a_client_that_resets_its_connection_ends_the_server(tmp_path, serve):
+    """A reset is the client leaving: the server stops listening rather than refusing every later editor."""
+    port = free_port()
+    proc = await serve(f"127.0.0.1:{port}")
+    editor = await Raw.connect(port, proc=proc)
+    assert "result" in await editor.request("initialize", {"processId": None, "rootUri": None, "capabilities": {}})
+    sock = editor.writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    editor.writer.transport.abort()
+
+    async def refused():
+        try:
+            Raw(*await asyncio.open_connection("127.0.0.1", port)).close()
+        except ConnectionRefusedError:
+            return True
+        return False
+
+    assert await wait_until(refused, 60), "the server still listens after its client left"
 
 
 async def test_a_non_loopback_host_needs_a_token_file(tmp_path, serve):
@@ -219,6 +248,40 @@ async def test_a_second_initialize_is_refused_and_the_first_service_kept(tiny_mo
         assert await _ready(client)  # the same service, still loaded (a new one would not be started)
     finally:
         await client.shutdown_session()
+
+
+def test_only_the_first_initialize_and_initialized_reach_the_service(tiny_models, monkeypatch, tmp_path):
+    """In process: a client that repeats the handshake starts the service (and loads the model) once."""
+    monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
+    starts, services = [], []
+    real_start = CompletionService.start
+    monkeypatch.setattr(CompletionService, "start", lambda self, roots=None: (starts.append(self),
+                                                                               real_start(self, roots))[1])
+    server = create_server(Settings(model=str(tiny_models["random"]), dtype="float32", index_workspace=False))
+    sent = []
+    server.protocol.set_writer(SimpleNamespace(write=sent.append, close=lambda: None))
+
+    def deliver(message):
+        server.protocol.handle_message(json.loads(json.dumps({"jsonrpc": "2.0", **message}),
+                                                  object_hook=server.protocol.structure_message))
+
+    async def handshake_twice():
+        server.loop = asyncio.get_running_loop()
+        deliver({"method": "initialized", "params": {}})  # before initialize: ignored
+        for i in (1, 2):
+            deliver({"id": i, "method": "initialize", "params": {"processId": None, "rootUri": tmp_path.as_uri(),
+                                                                 "capabilities": {}}})
+            services.append(server.service)
+            deliver({"method": "initialized", "params": {}})
+
+    asyncio.run(handshake_twice())
+    try:
+        assert len(starts) == 1 and services[0] is services[1] is starts[0]
+        replies = [json.loads(data.split(b"\r\n\r\n", 1)[1]) for data in sent]
+        assert [r["id"] for r in replies] == [1, 2] and "result" in replies[0]
+        assert replies[1]["error"] == {"code": -32600, "message": admission.SECOND_INITIALIZE}
+    finally:
+        server.service.close()
 
 
 async def _ready(client):
