@@ -18,22 +18,20 @@ accumulation order); the timings are not the point. Prints a table; writes bench
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import sysconfig
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_rest import completion_points, index_corpus, text_after_function  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.bench_rest import index_corpus  # noqa: E402
+from benchmarks.harness import RESULTS, completion_points, stdlib_corpora, text_after_function, write_json  # noqa: E402
 
 from rest_lsp.engine.decoding import DecodeConfig, Decoder  # noqa: E402
 from rest_lsp.drafting.drafts import NoDrafts, OutputStore, SuccessorTable, rest_drafts  # noqa: E402
 from rest_lsp.engine.model import load_model  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 
 
 def generate(model, prompt: list[int], n: int) -> list[int]:
@@ -59,8 +57,7 @@ def main() -> None:
                     help="comma-separated: bfloat16 and/or float16-weights (the latter on a CPU only)")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    corpora = [stdlib / "asyncio", stdlib / "json", stdlib / "email"]
+    corpora = stdlib_corpora("asyncio", "json", "email")
 
     fp32 = load_model(args.model, args.device, "float32")
     tok, n = fp32.tokenizer, args.max_new_tokens
@@ -123,10 +120,8 @@ def main() -> None:
         at = f"{where[len(where) // 2]}" if where else "-"
         summary[f"{a} vs {b}"] = {"identical": same, "first_difference_median": where[len(where) // 2] if where else None}
         print(f"| {a_name} | {b_name} | {same}/{len(rows)} ({100 * same / len(rows):.0f}%) | {at} |")
-    RESULTS.mkdir(exist_ok=True)
     summary["device"] = str(fp32.device)
-    out = RESULTS / f"bf16-{'-'.join(modes) or 'fp32'}.json"
-    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    write_json(RESULTS / f"bf16-{'-'.join(modes) or 'fp32'}.json", {"summary": summary, "rows": rows})
 
 
 if __name__ == "__main__":

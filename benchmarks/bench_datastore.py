@@ -11,7 +11,6 @@ queryable (watcher + debounce + tokenize + segment), and a restart.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import resource
@@ -27,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.harness import RESULTS, percentile, write_json  # noqa: E402
 from rest_lsp.datastore import Datastore, Source, WorkspaceIndex  # noqa: E402
 from rest_lsp.datastore.persist import IndexFolder  # noqa: E402
 
@@ -143,7 +143,7 @@ def main() -> int:
         return np.array(cpu) / 1e6, np.array(wall) / 1e6
 
     def pct(a, q):
-        return round(float(np.percentile(a, q)), 3)
+        return round(percentile(list(a), q), 3)
 
     query_rows = []
     for name, contexts in (("verbatim", verbatim), ("edited", edited), ("foreign", foreign)):
@@ -222,10 +222,7 @@ def main() -> int:
     print(f"| {'measure'.ljust(width)} | value |\n|{'-' * (width + 2)}|-------|")
     for name, value in rows:
         print(f"| {name.ljust(width)} | {value} |")
-    out = Path(__file__).resolve().parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "datastore.json").write_text(json.dumps(results, indent=2))
-    print(f"saved {out / 'datastore.json'}")
+    print(f"saved {write_json(RESULTS / 'datastore.json', results)}")
     return 0
 
 

@@ -40,7 +40,6 @@ import os
 import random
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -52,10 +51,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_replay import (  # noqa: E402
-    Function, choose_functions, find_functions, percentile, prepare_workspace, split_lines)
+    Function, choose_functions, find_functions, prepare_workspace, split_lines)
+from benchmarks.harness import STDLIB, percentile  # noqa: E402
 from benchmarks.lsp_client import Pending, ServerSession, position_of, server_command  # noqa: E402
 
-DEFAULT_FILE = Path(sysconfig.get_paths()["stdlib"]) / "json" / "encoder.py"
+DEFAULT_FILE = STDLIB / "json" / "encoder.py"
 CONTENT_MODIFIED, REQUEST_CANCELLED = -32801, -32800
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SAMPLE_S = 0.2  # memory and CPU samples during the storm

@@ -9,6 +9,8 @@ import datetime
 import json
 import os
 import platform
+import random
+import re
 import subprocess
 import sys
 import sysconfig
@@ -36,13 +38,47 @@ def corpus_files(root: Path) -> dict[str, str]:
     files = {}
     for path in python_files(root):
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_bytes().decode("utf-8")  # line breaks as they are (read_text would turn \r\n into \n)
             ast.parse(text)
         except (UnicodeDecodeError, SyntaxError, ValueError):
             continue
         if "\r" not in text:
             files[path.relative_to(root).as_posix()] = text
     return files
+
+
+def function_starts(text: str) -> list[int]:
+    """Offsets just after each `def ...:` header line (where its body starts), at least 400 characters into the
+    file and 200 before its end (some file above the cursor, some below)."""
+    return [m.end() for m in re.finditer(r"^[ \t]*(?:async )?def \w+\(.*?\).*?:[ \t]*\n", text, flags=re.M | re.S)
+            if 400 < m.end() < len(text) - 200]
+
+
+def completion_points(files: list[Path], count: int, seed: int) -> list[tuple[Path, int]]:
+    """`count` function starts of `files` (a seeded choice), at most two per file so that none dominates."""
+    points = [(path, offset) for path in files
+              for offset in function_starts(path.read_text(encoding="utf-8", errors="replace"))]
+    random.Random(seed).shuffle(points)
+    chosen, per_file = [], {}
+    for path, offset in points:
+        if per_file.get(path, 0) < 2:
+            chosen.append((path, offset))
+            per_file[path] = per_file.get(path, 0) + 1
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+def text_after_function(text: str, body_start: int) -> str:
+    """The file after the function whose body starts at `body_start`: what an editor holds below the cursor while
+    the body is being written (the body itself does not exist yet)."""
+    header = text.rfind("\n", 0, text.rfind("\n", 0, body_start)) + 1
+    line = text[header:body_start]
+    indent = len(line) - len(line.lstrip())
+    for m in re.finditer(r"^([ \t]*)\S", text[body_start:], flags=re.M):
+        if len(m.group(1)) <= indent:
+            return text[body_start + m.start():]
+    return ""
 
 
 # -- statistics --------------------------------------------------------------------------------------------------

@@ -91,22 +91,20 @@ def main() -> None:
     ap.add_argument("--llama-tokenizer", action="store_true", help="tokenize the prompt text with llama.cpp")
     args = ap.parse_args()
 
-    import sysconfig
-
     import torch
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_rest import completion_points
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.harness import completion_points, python_files, stdlib_corpora
 
     from rest_lsp.engine.model import DEFAULT_MODEL, load_tokenizer
 
     gguf = args.gguf or DEFAULT_MODEL
     threads = args.threads or torch.get_num_threads()
-    corpora = args.corpus or [Path(sysconfig.get_paths()["stdlib"]) / "asyncio"]
+    corpora = args.corpus or stdlib_corpora("asyncio")
     tok = load_tokenizer(gguf)
     names, texts, ids = [], [], []
     for corpus in corpora:
-        files = sorted(p for p in corpus.rglob("*.py") if p.is_file())
+        files = python_files(corpus)
         for path, offset in completion_points(files, args.prompts, args.seed):
             text = path.read_text(encoding="utf-8", errors="replace")[:offset]
             prompt = tok.encode(text)[-args.context:]

@@ -3,7 +3,7 @@ LanguageClient as an editor would (didOpen, incremental didChange, textDocument/
 `restLsp/cursor` notification that the editor extensions send when the cursor moves), plus the server's
 `rest-lsp.stats` command to read what happened inside.
 
-Shared by bench_latency.py, bench_replay.py and bench_typing_storm.py; no benchmark logic here.
+Shared by bench_replay.py and bench_typing_storm.py; no benchmark logic here.
 """
 
 from __future__ import annotations
