@@ -137,3 +137,50 @@ def test_the_editor_asks_as_llama_vim_then_speculates_and_the_next_line_comes_fr
     speculative = _Stub.bodies[1]
     assert speculative["t_max_predict_ms"] == 1000 and speculative["prompt"] == "    x = a + b"
     assert second.how == "cache" and second.text == "return x"
+
+
+def test_the_session_applies_the_persons_edits_and_counts_the_tokens_of_measured_requests(stub_server):
+    from lsprotocol import types
+
+    async def scenario():
+        session = llama_vim.LlamaVimSession(stub_server, seed=0, speculative=False)
+        uri = "file:///w/a.py"
+        session.open(uri, "\n".join(BUFFER) + "\n")
+        session.cursor(uri, types.Position(3, 4))
+        _Stub.replies = ["    return a + b\n"]
+        first = await session.inline(uri, types.Position(3, 4))
+        session.insert(uri, types.Position(3, 4), "return a + b")
+        session.close(uri)
+        return first, session.texts, await session.stats()
+
+    (ms, text, how, before, after), texts, stats = asyncio.run(scenario())
+    assert text == "return a + b" and how == "model" and ms > 0
+    assert after["generated_tokens"] - before["generated_tokens"] == 3 and after["decode_ms"] == 30.0
+    assert stats["requests_sent"] == 1 and texts == {}
+
+
+def test_the_table_puts_llama_server_beside_rest_and_says_when_it_cannot_answer():
+    from benchmarks.bench_replay import add_summary, table
+
+    requests = []
+    for config, ms, text in (("rest", 300.0, "x = 1"), ("plain", 600.0, "x = 1"), ("llama-server", 900.0, "x = 2")):
+        for step in range(3):
+            requests.append({"config": config, "corpus": "json", "mode": "line", "file": "t.py", "function": "f",
+                             "step": step, "kind": "line-start", "line": 5 + step, "text": text, "ms": ms + step,
+                             "first_after_open": step == 0, "answer": "model", "first_line_match": text == "x = 1",
+                             "shown_chars": 5, "kept_chars": 5 if text == "x = 1" else 4, "generated_tokens": 4,
+                             "decode_steps": 2 if config == "rest" else 4, "decode_ms": 40.0})
+    results = {"requests": requests, "processes": [], "modes": ["line"], "functions_per_corpus": 1, "max_lines": 3,
+               "plans": [{"corpus": "/x/json"}], "seed": 0, "pause_ms": 0, "max_new_tokens": 8, "model": "m",
+               "driver": "d", "load_average_before_after": [0, 0], "cpu_count": 2}
+    configs = ["rest", "plain", "llama-server"]
+    add_summary(results, configs)
+    out = table(results, configs)
+    assert "| line mode | rest | plain | llama-server | rest/plain | rest/llama-server |" in out
+    assert "| first line exactly right | 3/3 | 3/3 | 0/3 | 1.00x | - |" in out
+    assert "| characters kept (common prefix with what was written) / shown | 15/15 | 15/15 | 12/15 | 1.00x | 1.25x |" in out
+    assert "Identical suggestions: 3/3" in out  # llama-server is not held to rest-lsp's exactness
+    results["processes"] = [{"config": "llama-server", "mode": "line", "final_stats": {},
+                             "unsupported": "Infill is not supported by this model"}]
+    add_summary(results, configs)
+    assert "llama-server answered no request with this model: Infill is not supported" in table(results, configs)
