@@ -17,26 +17,24 @@ Prints a markdown table; writes benchmarks/results/rest.json and rest.png.
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import re
 import statistics
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import (  # noqa: E402
+    RESULTS, completion_points, python_files, stdlib_corpora, text_after_function, write_json)
 from rest_lsp.datastore import Datastore
 from rest_lsp.engine.decoding import DecodeConfig, Decoder, sync_device
 from rest_lsp.drafting.drafts import SOURCE_NAMES, ContextLookup, OutputStore, Proposal, SuccessorTable, rest_drafts
 from rest_lsp.engine.lean_llama import pick_packing
 from rest_lsp.engine.model import load_model
-
-RESULTS = Path(__file__).parent / "results"
-
 
 class FirstTokenClock(BaseStreamer):
     """generate() calls put() with the prompt, then once per new token: the first new token ends the prefill."""
@@ -69,39 +67,8 @@ def hf_generate(model, prompt: list[int], n: int, **kw) -> tuple[list[int], floa
     return new, (first - t0) * 1e3, (t1 - first) * 1e3 / max(1, len(new) - 1)
 
 
-def text_after_function(text: str, body_start: int) -> str:
-    """The file after the function whose body starts at `body_start`: what an editor holds below the cursor while
-    the body is being written (the body itself does not exist yet)."""
-    header = text.rfind("\n", 0, text.rfind("\n", 0, body_start)) + 1
-    line = text[header:body_start]
-    indent = len(line) - len(line.lstrip())
-    for m in re.finditer(r"^([ \t]*)\S", text[body_start:], flags=re.M):
-        if len(m.group(1)) <= indent:
-            return text[body_start + m.start():]
-    return ""
-
-
-def completion_points(files: list[Path], count: int, seed: int) -> list[tuple[Path, int]]:
-    points = []
-    for path in files:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        for m in re.finditer(r"^[ \t]*(?:async )?def \w+\(.*?\).*?:[ \t]*\n", text, flags=re.M | re.S):
-            if m.end() > 400 and m.end() < len(text) - 200:
-                points.append((path, m.end()))
-    random.Random(seed).shuffle(points)
-    # at most two points per file, so one file cannot dominate
-    chosen, per_file = [], {}
-    for path, offset in points:
-        if per_file.get(path, 0) < 2:
-            chosen.append((path, offset))
-            per_file[path] = per_file.get(path, 0) + 1
-        if len(chosen) == count:
-            break
-    return chosen
-
-
 def index_corpus(tok, corpus: Path) -> tuple[Datastore, list[Path], list[list[int]]]:
-    files = sorted(p for p in corpus.rglob("*.py") if p.is_file())
+    files = python_files(corpus)
     store = Datastore()
     token_lists = tok.encode_batch([p.read_text(encoding="utf-8", errors="replace") for p in files])
     for path, ids in zip(files, token_lists):
@@ -149,8 +116,7 @@ def main() -> None:
     ap.add_argument("--llama-cpp", action="store_true",
                     help="also time llama.cpp's plain decoding of the same GGUF and prompts (pip install -e .[bench])")
     args = ap.parse_args()
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    corpora = args.corpus or [stdlib / "asyncio", stdlib / "json", stdlib / "email"]
+    corpora = args.corpus or stdlib_corpora("asyncio", "json", "email")
     for corpus in corpora:
         if not any(corpus.rglob("*.py")):
             ap.error(f"--corpus {corpus}: no Python files there (is it a folder of code?)")
@@ -332,8 +298,7 @@ def main() -> None:
                 print(f"| {corpus.name} | {len(rs)} | {med('speedup_rest', rs):.2f}x | {med('rest_tokens_per_step', rs):.2f} | "
                       f"{med('speedup_pld', rs):.2f}x |")
 
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
+    write_json(RESULTS / f"{args.out}.json", {"summary": summary, "rows": rows})
     plot(rows, RESULTS / f"{args.out}.png")
 
 
