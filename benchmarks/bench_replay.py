@@ -21,19 +21,27 @@ the others idle (a turn ends once its server's process uses no CPU: what it comp
 indexed again). In `typed` mode the first configuration's suggestions
 decide where the person types (a person reacts to what they see); the others replay those decisions.
 
+`llama-server` replays the same requests against llama.cpp's server on the same GGUF and threads, asked exactly as
+llama.vim asks it (benchmarks/llama_vim.py: its windows, ring chunks, time caps, suggestion cache, speculative
+request and display); its latency runs from the cursor's arrival to the suggestion shown. Build it once with
+`bash benchmarks/build_llama_server.sh`. A model without FIM tokens gets no answer from it (the table says so).
+
 The workspace folder of each server is a temporary copy of the corpus in which the chosen functions' bodies
 are removed on disk too, so neither the index nor the opened buffer holds the answer. One unmeasured
 request in a scratch buffer warms each process up first.
 
 Per configuration it prints: requests, p50/p95 latency (ms, and in plain decoding steps: the plain
 server's ms/token in this run), the first request after opening a file (median, on its own line; p50/p95
-cover the other requests), first-line exact matches (the suggestion's first line equals the rest of the true
-line), tokens/step and ms/token (server stats), the REST/plain ratios, and the requests whose suggestions
-differ between configurations. It writes every request's record to a JSON file and both latency
-distributions to a PNG beside it (benchmarks/results/ by default).
+cover the other requests), first line exactly right (the suggestion's first line equals the rest of the true
+line), characters kept (the suggestion's longest common prefix with what the person wrote from the cursor on) and
+suggestions shown, tokens/step and ms/token (server stats; llama-server's own timings, one token a step), the
+REST/plain and REST/llama-server ratios, and the requests whose suggestions differ between rest-lsp's
+configurations. It writes every request's record to a JSON file (with the run's date, commit and
+machine) and each configuration's latency distribution to a PNG beside it (benchmarks/results/ by default).
 
     .venv/bin/python benchmarks/bench_replay.py [--corpus DIR ...] [--functions 4] [--lines 8] [--mode line]
-        [--pause-ms 100] [--configs rest,plain] [--seed 0] [--model M] [--max-new-tokens N] [--dtype T]
+        [--pause-ms 100] [--configs rest,plain,llama-server] [--seed 0] [--model M] [--max-new-tokens N] [--dtype T]
+        [--llama-server BIN] [--threads N] [--no-speculative]
 """
 
 from __future__ import annotations
