@@ -15,9 +15,10 @@ import logging
 import os
 import re
 import sys
+import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import unquote
 
 from lsprotocol import types
@@ -41,6 +42,7 @@ LABEL_CHARS = 60
 # Our notification: the editor's cursor moved (params: textDocument.uri, position), where the next request will
 # likely come; a file just opened has no edit to tell it.
 CURSOR_NOTIFICATION = "restLsp/cursor"
+CLOSE_AT_EXIT_S = 5.0  # `exit` without `shutdown`: how long the service may take to stop before the process ends
 
 
 # LSP counts lines at \n, \r\n and \r only; str.splitlines also splits at \f, \v, \x1c-\x1e, \x85, \u2028, \u2029.
@@ -256,6 +258,7 @@ def _quiet_content_modified() -> None:
 def create_server(settings: Settings | None = None) -> RestLanguageServer:
     _quiet_content_modified()
     server = RestLanguageServer(settings or Settings())
+    server.shut_down, server.exit_code = False, None  # what `shutdown` and `exit` said: run() exits with it
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: RestLanguageServer, params: types.InitializeParams) -> None:
@@ -361,9 +364,17 @@ def create_server(settings: Settings | None = None) -> RestLanguageServer:
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: RestLanguageServer, *args) -> None:
-        if ls.service is not None:
+        first, ls.shut_down = not ls.shut_down, True
+        if ls.service is not None and first:
             # in a thread: close() joins threads that may wait for this event loop (progress reports)
-            await asyncio.to_thread(ls.service.close)
+            await asyncio.to_thread(_close, ls.service)
+
+    @server.feature(types.EXIT)
+    def exit_(ls: RestLanguageServer, *args) -> None:
+        # The process ends here: pygls' own exit loses its code on the way out of start_io, and its event loop, left
+        # running while the service stops, would write the service's last answers into the closed stream.
+        ls.exit_code = 0 if ls.shut_down else 1
+        _finish(ls, ls.exit_code)
 
     return server
 
@@ -388,11 +399,34 @@ def run(args: argparse.Namespace) -> int:
     if args.log_level != "DEBUG":  # pygls logs every message at INFO
         logging.getLogger("pygls").setLevel(logging.WARNING)
     server = create_server(Settings.from_args(args))
-    if args.tcp:
-        return tcp.run(server, args.tcp, args.token_file)
+    code = tcp.run(server, args.tcp, args.token_file) if args.tcp else (server.start_io() or 0)
+    return code if server.service is None else _finish(server, code)  # the client left without `exit`
+
+
+def _close(service) -> None:
+    """Stop the service's work; a model load under way is not waited for (it cannot be stopped, and _finish ends
+    the process without Python's exit, which would wait for it, or abort while it runs inside torch)."""
+    if isinstance(service, CompletionService):
+        service.close(wait_for_loads=False)
     else:
-        server.start_io()
-    return 0
+        service.close()
+
+
+def _finish(server: RestLanguageServer, code: int) -> NoReturn:
+    """End the process: stop the service if `shutdown` did not (for at most CLOSE_AT_EXIT_S), then exit with `code`
+    without Python's own exit, which would join threads that never stop (the stdin reader, a model load) or abort
+    while they run inside torch ("terminate called without an active exception")."""
+    if server.service is not None and not server.shut_down:
+        closer = threading.Thread(target=_close, args=(server.service,), name="rest-lsp-exit", daemon=True)
+        closer.start()
+        closer.join(CLOSE_AT_EXIT_S)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

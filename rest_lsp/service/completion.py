@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 SUFFIX_DRAFT_CHARS = 4000  # text after the cursor offered as drafts when the prompt leaves it out (no FIM)
 OUTPUT_CONTEXT_TOKENS = 32  # prompt tokens stored before each output, so drafts match where it was written
 SAVE_ACCEPTANCE_EVERY = 16  # completions between saves of the learned acceptance table
+LOADER_THREAD = "rest-lsp-loader"  # close() may leave it running (wait_for_loads)
 # Tokens per warm-up prefill pass: a request arriving meanwhile waits for at most one (~0.2 s, default model, CPU).
 PREWARM_CHUNK = 64
 # Documents whose prompt window start is kept (the most recently prompted): more are rarely typed in by turns.
@@ -208,7 +209,7 @@ class CompletionService:
             if self._model is None:  # a model already loaded keeps serving until the new one is ready
                 self._ready.clear()
             self.load_error = None
-        self._spawn(lambda: self._load(generation), "rest-lsp-loader")
+        self._spawn(lambda: self._load(generation), LOADER_THREAD)
 
     def _load(self, generation: int) -> None:
         try:
@@ -288,18 +289,21 @@ class CompletionService:
         if workspace_key(old) != workspace_key(settings):
             self._feed.restart_indexing()
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, wait_for_loads: bool = True) -> None:
         """Stop all work and wait (up to `timeout` per thread) for it to end: the worker, the buffer feeder, and
         every loader and indexer started.
 
         Waiting matters: a process that exits while a thread is still inside torch or the
-        tokenizer can abort ("terminate called without an active exception").
+        tokenizer can abort ("terminate called without an active exception"). A model load cannot be stopped
+        (its result is dropped): without `wait_for_loads` it is not waited for, for a caller that ends the
+        process with os._exit.
         """
         with self._lock:
             self._closed = True
             self._load_generation += 1
             datastore = self._feed.datastore
-            threads = [self._requests.close(), *self._threads]
+            threads = [self._requests.close(),
+                       *(t for t in self._threads if wait_for_loads or t.name != LOADER_THREAD)]
         threads += self._feed.close()
         for thread in threads:
             if thread is not threading.current_thread():
