@@ -4,6 +4,7 @@ tests, and the real default model (loaded once)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +20,42 @@ from support import tiny_model_dirs  # noqa: E402
 
 # Tiny models run faster on one thread, and the suite shares its 2 cores with language-server subprocesses.
 torch.set_num_threads(1)
+
+# The dtype a load gets when none is asked for (REST_LSP_DTYPE, rest_lsp/engine/model.py) reaches the tests marked
+# `default_dtype` only: dev.sh runs them a second time with it set, so the other default path runs on any machine;
+# every other test sees this machine's own default, whatever the shell that started pytest holds.
+FORCED_DTYPE = os.environ.pop("REST_LSP_DTYPE", None)
+
+# Folders under the rest-lsp cache that cost much to fill and hold nothing a test's outcome depends on: converted
+# .gguf models. They are kept across sessions in pytest's cache folder (linked in); everything else the code writes
+# under its cache root (acceptance tables, step-cost curves, indexes, tokenizers, the compiled panel kernel, whose
+# folder may not be a link and which builds in about a second) goes to a folder of this session's own, never the
+# user's real cache.
+KEPT_CACHE_FOLDERS = ("models",)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "default_dtype: depends on the dtype a load gets when none is asked for "
+                                       "(run again by dev.sh with REST_LSP_DTYPE set)")
+    session = Path(tempfile.mkdtemp(prefix="rest-lsp-test-cache-"))
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+    if cache is not None:
+        for name in KEPT_CACHE_FOLDERS:
+            (session / name).symlink_to(cache.mkdir(f"rest-lsp-{name}"), target_is_directory=True)
+    config.rest_lsp_cache_dir = session
+    os.environ["REST_LSP_CACHE_DIR"] = str(session)  # subprocesses (servers, the CLI) inherit it
+
+
+def pytest_unconfigure(config):
+    session = getattr(config, "rest_lsp_cache_dir", None)
+    if session is not None:
+        shutil.rmtree(session, ignore_errors=True)  # the links go, the kept folders stay
+
+
+@pytest.fixture(autouse=True)
+def _forced_dtype(request, monkeypatch):
+    if FORCED_DTYPE and request.node.get_closest_marker("default_dtype"):
+        monkeypatch.setenv("REST_LSP_DTYPE", FORCED_DTYPE)
 # Where the model fixtures run: the CPU, unless a GPU run of the exactness tests asks for another device
 # (REST_LSP_TEST_DEVICE=cuda; see benchmarks/gpu_check.sh).
 TEST_DEVICE = torch.device(os.environ.get("REST_LSP_TEST_DEVICE", "cpu"))

@@ -107,6 +107,30 @@ def chain_model(folder: Path, tok, chain: list[int]) -> Path:
     return folder
 
 
+# The modes a model runs in (README, "Use"): float32 is the exact mode everywhere; bfloat16 runs where the CPU
+# computes it in hardware and claims no equality with plain decoding; float16-weights runs where the lean engine
+# packs fp16 weights and writes what plain decoding in that mode writes.
+EXACT_MODES = ("float32", "float16-weights")
+
+
+def modes_here() -> list[str]:
+    """The modes this machine runs natively, float32 first (a test parametrized by them runs each one)."""
+    import torch
+
+    try:
+        from rest_lsp.engine.runmode import native_bf16
+    except ImportError:  # where runmode does not have it yet
+        from rest_lsp.engine.calibration import native_bf16
+    from rest_lsp.engine.lean_llama import fp16_packs
+
+    modes = ["float32"]
+    if native_bf16():
+        modes.append("bfloat16")
+    if fp16_packs(torch.float32, torch.device("cpu")):
+        modes.append("float16-weights")
+    return modes
+
+
 def server_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "rest_lsp.server", "--stdio", *args]
 

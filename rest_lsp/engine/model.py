@@ -30,6 +30,10 @@ __all__ = ["DEFAULT_GGUF_NAME", "DEFAULT_MODEL", "LoadedModel", "ModelLoadError"
 
 log = logging.getLogger(__name__)
 
+# The dtype a load gets when none is asked for, in place of the machine's own default (as if --dtype named it):
+# `./dev.sh test` sets it for a second pass over the tests of the default mode, so the other path runs too.
+DTYPE_ENV = "REST_LSP_DTYPE"
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # fp32 activations and arithmetic over fp16 copies of the linear weights (CPU, fbgemm): a step streams half the bytes
 # of fp32; the weights round to fp16 once, so it is not the exact mode (README, "float16-weights").
@@ -268,6 +272,8 @@ def pick_weight_packing(dtype: str | None, device: torch.device, gguf: bool = Fa
 
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    if dtype in (None, "", "auto") and os.environ.get(DTYPE_ENV):
+        dtype = os.environ[DTYPE_ENV]  # the user's default, or the tests' second pass: as if asked for
     dev = pick_device(device)
     dt, dtype_note = pick_dtype("float32" if dtype == FP16_WEIGHTS else dtype, dev)
     packing, note = None, None

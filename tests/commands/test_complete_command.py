@@ -28,7 +28,7 @@ def source(tmp_path):
 def test_json_completion_is_the_greedy_continuation(source, tiny_models):
     line, col = BEFORE.count("\n") + 1, len(BEFORE.rsplit("\n", 1)[1]) + 1
     done = complete(f"{source}:{line}:{col}", "--json", "--model", str(tiny_models["random"]),
-                    "--max-new-tokens", str(MAX_NEW))
+                    "--max-new-tokens", str(MAX_NEW), "--dtype", "float32")  # the exact mode: compared with generate
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     expected = greedy(tiny_models["random"], BEFORE, AFTER, MAX_NEW)

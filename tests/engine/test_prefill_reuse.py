@@ -83,7 +83,8 @@ def _hold(decoder) -> HeldFirstPass:
 
 def test_a_request_arriving_during_a_warm_up_waits_at_most_the_chunk_in_flight(tiny_models):
     # no prefetch: it would run after the request, and this test counts the jobs the decoder runs
-    svc = started(Settings(model=str(tiny_models["random"]), max_new_tokens=6, debounce_ms=0, index_workspace=False,
+    svc = started(Settings(dtype="float32", model=str(tiny_models["random"]), max_new_tokens=6, debounce_ms=0,
+                           index_workspace=False,
                            prefetch=False))
     held = _hold(svc._decoder)
     try:
@@ -120,7 +121,8 @@ def test_a_request_arriving_during_a_warm_up_waits_at_most_the_chunk_in_flight(t
 
 
 def test_an_idle_warm_up_leaves_the_next_request_nothing_to_prefill(tiny_models):
-    svc = started(Settings(model=str(tiny_models["random"]), max_new_tokens=6, debounce_ms=0, index_workspace=False))
+    svc = started(Settings(dtype="float32", model=str(tiny_models["random"]), max_new_tokens=6, debounce_ms=0,
+                           index_workspace=False))
     try:
         text = source(0, 20)
         at = text.index("def scale_12") + len("def scale_12(val")
@@ -137,10 +139,12 @@ def test_an_idle_warm_up_leaves_the_next_request_nothing_to_prefill(tiny_models)
 # -- 2. a KV cache per document -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cache_mb", [256, 0])
+# 1 MB holds this tiny model's cache of one document (one block of 512 rows: 256 KB); 1 KB would not
+@pytest.mark.parametrize("cache_mb", [256, 1, 0])
 def test_switching_back_to_a_document_prefills_only_what_changed(tiny_models, cache_mb):
     # no prefetch: one computed after A's answer would put more of A in its cache than A's prompt, by chance
-    svc = started(Settings(model=str(tiny_models["random"]), max_new_tokens=6, debounce_ms=0, index_workspace=False,
+    svc = started(Settings(dtype="float32", model=str(tiny_models["random"]), max_new_tokens=6, debounce_ms=0,
+                           index_workspace=False,
                            document_cache_mb=cache_mb, prefetch=False))
     try:
         a, b = source(0, 12), source(100, 12).replace("value", "item")
@@ -211,7 +215,8 @@ def test_typing_in_a_fim_prompt_prefills_only_the_changed_tokens(fim_model, monk
 
     monkeypatch.setattr(Decoder, "generate", recorded)
     # no prefetch: its decodes would sit between the keystrokes' and move the cache this test follows
-    svc = started(Settings(model=str(fim_model), max_new_tokens=5, debounce_ms=0, index_workspace=False,
+    svc = started(Settings(dtype="float32", model=str(fim_model), max_new_tokens=5, debounce_ms=0,
+                           index_workspace=False,
                            prefetch=False))
     try:
         assert svc.stats()["fim"] == "qwen"

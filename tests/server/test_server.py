@@ -27,7 +27,7 @@ MAX_NEW = 12
 async def session(request, tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("workspace")
     (root / "util.py").write_text("def frobnicate_widget(count):\n    return count * 7\n")
-    options = {"model": str(tiny_models["random"]), "maxNewTokens": MAX_NEW, "debounceMs": 0,
+    options = {"model": str(tiny_models["random"]), "dtype": "float32", "maxNewTokens": MAX_NEW, "debounceMs": 0,
                "cacheDir": str(tmp_path_factory.mktemp("cache"))}
     client, result = await start(server_command(), root, request.param, options)
     stats = await wait_until(lambda: _ready(client))
@@ -235,7 +235,8 @@ async def test_bad_input_never_kills_the_server(session):
         settings={"maxNewTokens": -3, "debounceMs": "soon", "noSuchSetting": 1}))
     message = await wait_until(lambda: _message(client, "invalid settings"), timeout=10)
     assert "maxNewTokens" in message and "debounceMs" in message and "noSuchSetting" in message
-    uri = (root / "main.py").as_uri()
+    uri = (root / "after-bad-settings.py").as_uri()  # its own document: the test runs alone as in the module
+    open_doc(client, uri, BEFORE + AFTER)
     result = await inline(client, uri, *cursor_at_end(BEFORE))
     assert len(result.items) == 1
     assert (await command(client, STATS_COMMAND))["ready"]
@@ -260,7 +261,8 @@ async def constant_session(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("workspace-constant")
     gate = FileGate(tmp_path_factory.mktemp("gate"))  # holds the server's first decoding step (step_gate.py)
     # no prefetch: the gate's record of decodes must hold the requests' decodes only
-    options = {"model": str(tiny_models["constant"]), "maxNewTokens": 2000, "draftBudget": 0, "debounceMs": 0,
+    options = {"model": str(tiny_models["constant"]), "dtype": "float32", "maxNewTokens": 2000, "draftBudget": 0,
+               "debounceMs": 0,
                "indexWorkspace": False, "prefetch": False}
     client, _ = await start(gate.command("--stdio"), root, "visual-studio-code", options, env=gate.env)
     assert await wait_until(lambda: _ready(client))
@@ -345,7 +347,8 @@ async def test_tcp(tiny_models, tmp_path):
                 await asyncio.sleep(0.2)
         await client.initialize_session(types.InitializeParams(
             capabilities=capabilities("neovim"), root_uri=tmp_path.as_uri(),
-            initialization_options={"model": str(tiny_models["random"]), "maxNewTokens": MAX_NEW, "debounceMs": 0,
+            initialization_options={"model": str(tiny_models["random"]), "dtype": "float32", "maxNewTokens": MAX_NEW,
+                                    "debounceMs": 0,
                                     "indexWorkspace": False}))
         assert await wait_until(lambda: _ready(client))
         uri = (tmp_path / "main.py").as_uri()
@@ -378,7 +381,8 @@ async def test_tcp_bad_address(where):
 async def test_a_change_during_a_completion_stops_it_and_answers_content_modified(tiny_models, tmp_path):
     from pygls.exceptions import JsonRpcException
 
-    options = {"model": str(tiny_models["constant"]), "maxNewTokens": 2000, "draftBudget": 0, "debounceMs": 0,
+    options = {"model": str(tiny_models["constant"]), "dtype": "float32", "maxNewTokens": 2000, "draftBudget": 0,
+               "debounceMs": 0,
                "indexWorkspace": False}
     client, _ = await start(server_command(), tmp_path, "visual-studio-code", options)
     try:

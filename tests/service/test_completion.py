@@ -34,7 +34,7 @@ def workspace(tmp_path_factory):
 @pytest.fixture(scope="module")
 def service(tiny_models, tmp_path_factory, workspace):
     root = workspace
-    settings = Settings(model=str(tiny_models["random"]), max_new_tokens=12, debounce_ms=0,
+    settings = Settings(dtype="float32", model=str(tiny_models["random"]), max_new_tokens=12, debounce_ms=0,
                         cache_dir=str(tmp_path_factory.mktemp("cache")))
     svc = CompletionService(settings)
     svc.start([root])
@@ -80,7 +80,7 @@ def test_open_buffer_replaces_and_close_restores(service, tmp_path):
 
 
 def test_latest_request_wins(tiny_models, monkeypatch):
-    settings = Settings(model=str(tiny_models["constant"]), max_new_tokens=2000, draft_budget=0,
+    settings = Settings(dtype="float32", model=str(tiny_models["constant"]), max_new_tokens=2000, draft_budget=0,
                         debounce_ms=0, index_workspace=False, prefetch=False)  # the gate records requests only
     gate = StepGate.in_process(monkeypatch)
     svc = CompletionService(settings)
@@ -109,7 +109,7 @@ def test_latest_request_wins(tiny_models, monkeypatch):
 
 
 def test_requests_before_the_model_is_ready_and_a_model_that_fails(tmp_path):
-    svc = CompletionService(Settings(model=str(tmp_path / "missing"), index_workspace=False))
+    svc = CompletionService(Settings(dtype="float32", model=str(tmp_path / "missing"), index_workspace=False))
     try:
         # not started: answered at once (resolved before submit returns), empty, no error
         early = svc.submit("mem://c.py", "x = ", 4).future
@@ -159,7 +159,7 @@ def test_a_new_tokenizer_replaces_the_datastore_and_closes_the_old_one(tiny_mode
     tok = AutoTokenizer.from_pretrained(str(other), local_files_only=True)
     tok.add_tokens(["zebra_quux_token"])
     tok.save_pretrained(other)
-    settings = Settings(model=str(tiny_models["random"]), debounce_ms=0, index_workspace=False)
+    settings = Settings(dtype="float32", model=str(tiny_models["random"]), debounce_ms=0, index_workspace=False)
     svc = CompletionService(settings)
     try:
         svc.start([])
@@ -195,7 +195,7 @@ def _service(settings: Settings, events=None, roots=()) -> CompletionService:
 
 @pytest.fixture(scope="module")
 def bare_service(tiny_models):
-    svc = _service(Settings(model=str(tiny_models["random"]), max_new_tokens=12, debounce_ms=0,
+    svc = _service(Settings(dtype="float32", model=str(tiny_models["random"]), max_new_tokens=12, debounce_ms=0,
                             index_workspace=False))
     yield svc
     svc.close()
@@ -232,7 +232,8 @@ def test_a_model_switch_while_the_watcher_indexes_does_not_deadlock(tiny_models,
         return real(self, texts)
 
     monkeypatch.setattr(CompletionService, "_tokenize_batch", gated)
-    settings = Settings(model=str(tiny_models["random"]), debounce_ms=0, cache_dir=str(tmp_path / "cache"))
+    settings = Settings(dtype="float32", model=str(tiny_models["random"]), debounce_ms=0,
+                        cache_dir=str(tmp_path / "cache"))
     svc = _service(settings, roots=[root])
     deadlocked = True
     try:
@@ -315,7 +316,7 @@ def test_a_listener_that_raises_does_not_kill_the_worker(tiny_models):
         def message(self, level, text):
             raise RuntimeError("the client is gone")
 
-    svc = _service(Settings(model=str(tiny_models["random"]), max_new_tokens=8, debounce_ms=0,
+    svc = _service(Settings(dtype="float32", model=str(tiny_models["random"]), max_new_tokens=8, debounce_ms=0,
                             index_workspace=False), Raising())
     try:
         handle = _fail_once(svc)
@@ -360,7 +361,7 @@ def test_a_suggestion_cut_inside_a_character_ends_before_it(tiny_models, tmp_pat
     chain = tok("ab😀", add_special_tokens=False)["input_ids"]  # the emoji is several byte-level tokens
     assert len(chain) >= 4
     folder = _chain_model(tmp_path / "chain", tok, chain)
-    svc = _service(Settings(model=str(folder), max_new_tokens=3, draft_budget=0, debounce_ms=0,
+    svc = _service(Settings(dtype="float32", model=str(folder), max_new_tokens=3, draft_budget=0, debounce_ms=0,
                             index_workspace=False))
     try:
         before, after = 'label = "', '"\nprint(label)\n'
@@ -384,7 +385,7 @@ def test_a_model_in_the_initialization_options_is_loaded_once(tiny_models, monke
     cli = Settings()
     svc = CompletionService(cli)  # the server's initialize: the CLI settings,
     try:
-        new, errors = cli.update({"model": str(tiny_models["random"]), "indexWorkspace": False})
+        new, errors = cli.update({"model": str(tiny_models["random"]), "dtype": "float32", "indexWorkspace": False})
         assert not errors
         svc.update_settings(new)  # then the initializationOptions,
         svc.start([])  # then initialized
@@ -405,7 +406,8 @@ def test_feeding_a_buffer_never_holds_what_prompt_building_needs(tiny_models, mo
 
     monkeypatch.setattr(Tokenizer, "encode", lambda self, text: (gate([text]), real_encode(self, text))[1])
     monkeypatch.setattr(Tokenizer, "encode_batch", lambda self, texts: (gate(texts), real_batch(self, texts))[1])
-    svc = _service(Settings(model=str(tiny_models["random"]), max_new_tokens=4, draft_budget=0, debounce_ms=0,
+    svc = _service(Settings(dtype="float32", model=str(tiny_models["random"]), max_new_tokens=4, draft_budget=0,
+                            debounce_ms=0,
                             index_workspace=False))
     try:
         svc.change_buffer("/tmp/rest-lsp-test/big.py", "BLOCK_MARKER = 1\n" + "x = 1\n" * 1000)
@@ -418,7 +420,8 @@ def test_feeding_a_buffer_never_holds_what_prompt_building_needs(tiny_models, mo
 
 
 def test_requests_for_the_same_text_and_cursor_share_one_computation(tiny_models):
-    svc = _service(Settings(model=str(tiny_models["random"]), max_new_tokens=12, index_workspace=False))
+    svc = _service(Settings(dtype="float32", model=str(tiny_models["random"]), max_new_tokens=12,
+                            index_workspace=False))
     try:
         text = BEFORE + AFTER
         inline = svc.submit("file:///tmp/a.py", text, len(BEFORE))
@@ -455,7 +458,7 @@ def test_close_stops_and_waits_for_the_loader_and_indexing(tiny_models, tmp_path
 
     monkeypatch.setattr(CompletionService, "_tokenize_batch", gated)
     before = _loader_threads()
-    svc = CompletionService(Settings(model=str(tiny_models["random"]), debounce_ms=0,
+    svc = CompletionService(Settings(dtype="float32", model=str(tiny_models["random"]), debounce_ms=0,
                                      cache_dir=str(tmp_path / "cache")))
     svc.start([root])
     assert entered.wait(120), "indexing never began"
@@ -479,7 +482,8 @@ def test_close_stops_and_waits_for_the_loader_and_indexing(tiny_models, tmp_path
 
 def test_a_device_that_cannot_load_keeps_the_old_model_serving(tiny_models):
     events = Events()
-    settings = Settings(model=str(tiny_models["random"]), max_new_tokens=8, debounce_ms=0, index_workspace=False)
+    settings = Settings(dtype="float32", model=str(tiny_models["random"]), max_new_tokens=8, debounce_ms=0,
+                        index_workspace=False)
     svc = _service(settings, events)
     try:
         svc.update_settings(dataclasses.replace(settings, device="cdua"))
@@ -498,7 +502,7 @@ def test_max_new_tokens_beyond_the_context_is_refused(tiny_models, tmp_path):
     config["max_position_embeddings"] = 512
     (small / "config.json").write_text(json.dumps(config))
     events = Events()
-    settings = Settings(model=str(small), debounce_ms=0, index_workspace=False)
+    settings = Settings(dtype="float32", model=str(small), debounce_ms=0, index_workspace=False)
     svc = _service(settings, events)
     try:
         new, errors = settings.update({"maxNewTokens": 600})
@@ -518,7 +522,8 @@ def test_workspace_settings_changed_at_run_time_take_effect(tiny_models, tmp_pat
     root.mkdir()
     (root / "lib.py").write_text("def frobnicate(count):\n    return count * 7\n")
     (root / "other.py").write_text("def quasar_flux(level):\n    return level + 3\n")
-    settings = Settings(model=str(tiny_models["random"]), debounce_ms=0, cache_dir=str(tmp_path / "cache"))
+    settings = Settings(dtype="float32", model=str(tiny_models["random"]), debounce_ms=0,
+                        cache_dir=str(tmp_path / "cache"))
     svc = _service(settings, roots=[root])
 
     def proposes(text, start):
@@ -546,7 +551,8 @@ def test_stop_checks_decode_only_the_new_tokens(tiny_models, monkeypatch):
         return real(self, ids)
 
     monkeypatch.setattr(Tokenizer, "decode", recording)
-    svc = _service(Settings(model=str(tiny_models["constant"]), max_new_tokens=40, draft_budget=0, debounce_ms=0,
+    svc = _service(Settings(dtype="float32", model=str(tiny_models["constant"]), max_new_tokens=40, draft_budget=0,
+                            debounce_ms=0,
                             index_workspace=False))
     try:
         c = svc.submit("mem://s.py", "x = ", 4).future.result(60)

@@ -14,7 +14,7 @@ AFTER = "\n    return out\n"
 
 def start(model_dir, cache, **kw) -> CompletionService:
     # every request decodes (no suggestion cache) and only requests decode (no prefetch): these tests count steps
-    settings = Settings(model=str(model_dir), max_new_tokens=16, debounce_ms=0, cache_dir=str(cache),
+    settings = Settings(model=str(model_dir), dtype="float32", max_new_tokens=16, debounce_ms=0, cache_dir=str(cache),
                         index_workspace=False, suggestion_cache_size=0, prefetch=False, **kw)
     svc = CompletionService(settings)
     svc.start([])
