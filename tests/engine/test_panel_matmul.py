@@ -138,3 +138,45 @@ def test_a_library_that_computes_wrong_results_is_not_used(monkeypatch, fresh_li
     with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.panel_matmul"):
         assert panel_matmul.library() is None
     assert "its results differ from F.linear's" in caplog.text
+
+
+@pytest.fixture
+def two_threads():
+    """torch's threads at 2 (the suite runs on 1, conftest.py): the kernel splits its panels between them."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 2, 3, 6, 8, 14])
+@pytest.mark.parametrize("n", [200, 33])
+def test_the_kernel_computes_what_f_linear_does_on_two_threads(two_threads, m, n):
+    """Every tile height (1-6 rows, 8 = 6 + 2, 14 = 6 + 6 + 2) over 13 panels (200 columns, the last partial) or
+    3 (33 columns); the kernel splits the panels between its 2 threads from 65536 multiply-adds (all of these but
+    33 columns at m < 4)."""
+    k = 576
+    torch.manual_seed(m * 1000 + n)
+    weight, bias, x = torch.randn(n, k), torch.randn(n), torch.randn(m, k)
+    got = panel_matmul.panel_mm(x, panel_matmul.pack(weight), n, bias)
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5 * k**0.5)
+    # and bit for bit what one thread computes: the threads share the panels, never a sum
+    torch.set_num_threads(1)
+    assert torch.equal(got, panel_matmul.panel_mm(x, panel_matmul.pack(weight), n, bias))
+
+
+def test_where_a_compiler_exists_fp32_steps_run_on_the_kernel_built_with_openmp():
+    """Not skipped where a compiler exists: a kernel that cannot be built or loaded, or one built without OpenMP
+    (one thread), must turn this red rather than leave the kernel's tests skipped and the steps on oneDNN."""
+    from conftest import tiny_model
+    from rest_lsp.engine.decoding import Decoder
+
+    if panel_matmul._compiler() is None:
+        pytest.skip("no C compiler here (CC, cc, gcc): the steps run on oneDNN, as " +
+                    "test_without_a_compiler_the_step_runs_on_onednn_and_says_so_once checks")
+    lib = panel_matmul.library()
+    assert lib is not None, "a C compiler is here, yet the panel kernel could not be built or loaded"
+    assert lib.panel_threaded() == 1, "the panel kernel was built without OpenMP: its matmuls run on one thread"
+    assert panel_matmul.available() and pick_packing(None, torch.float32, torch.device("cpu")) == "panel"
+    assert Decoder(tiny_model("llama")).engine == "lean-panel"
