@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "generate": ("rest_lsp.commands.generate", "continue a prompt with REST decoding and print the result"),
     "index": ("rest_lsp.commands.index", "build, update or query the persistent token index of a folder"),
     "complete": ("rest_lsp.commands.complete", "one completion at FILE:LINE:COL, as the server would give it"),
+    "serve": ("rest_lsp.commands.serve", "a team's decoding server on Ray Serve; editors use --remote URL"),
 }
 
 

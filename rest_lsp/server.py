@@ -255,7 +255,8 @@ def _quiet_content_modified() -> None:
         rpc_log.addFilter(_ContentModifiedIsNoError())
 
 
-def create_server(settings: Settings | None = None) -> RestLanguageServer:
+def create_server(settings: Settings | None = None, remote: tuple[str, str] | None = None) -> RestLanguageServer:
+    """The language server; with `remote` (a team server's URL, its token) the service runs there (rest_lsp.team)."""
     _quiet_content_modified()
     server = RestLanguageServer(settings or Settings())
     server.shut_down, server.exit_code = False, None  # what `shutdown` and `exit` said: run() exits with it
@@ -264,7 +265,12 @@ def create_server(settings: Settings | None = None) -> RestLanguageServer:
     def initialize(ls: RestLanguageServer, params: types.InitializeParams) -> None:
         ls.loop = asyncio.get_running_loop()
         ls.workspace.__class__ = LspWorkspace  # pygls built it just before this handler: same state, LSP lines
-        ls.service = CompletionService(ls.settings, _Events(ls, ls.loop))
+        if remote is not None:
+            from rest_lsp.team.remote import RemoteService
+
+            ls.service = RemoteService(ls.settings, _Events(ls, ls.loop), *remote)
+        else:
+            ls.service = CompletionService(ls.settings, _Events(ls, ls.loop))
         ls.apply_settings(params.initialization_options)
 
     @server.feature(types.INITIALIZED)
@@ -387,6 +393,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", metavar="FILE",
                         help="with --tcp: a client must send this file's token in initializationOptions.token "
                              "(the file: one line, mode 600)")
+    parser.add_argument("--remote", metavar="URL",
+                        help="a team's server (`rest-lsp serve`) decodes; this process indexes and sends the "
+                             "workspace (needs --token-file: the server's token)")
     parser.add_argument("--log-file", help="write the server log here (default: stderr)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     settings_module.add_arguments(parser)
@@ -398,7 +407,15 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.log_level != "DEBUG":  # pygls logs every message at INFO
         logging.getLogger("pygls").setLevel(logging.WARNING)
-    server = create_server(Settings.from_args(args))
+    remote = None
+    if getattr(args, "remote", None):
+        from rest_lsp.team.remote import remote_target
+
+        remote = remote_target(args.remote, getattr(args, "token_file", None))
+        if isinstance(remote, str):
+            print(remote, file=sys.stderr)
+            return 2
+    server = create_server(Settings.from_args(args), remote)
     code = tcp.run(server, args.tcp, args.token_file) if args.tcp else (server.start_io() or 0)
     return code if server.service is None else _finish(server, code)  # the client left without `exit`
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
@@ -87,8 +88,13 @@ def _work_routes(api: APIRouter) -> None:
     @api.post("/workspaces/{workspace}/complete")
     async def complete(workspace: str, body: CompleteRequest, r: Replica = Depends(_current)) -> CompleteReply:
         state, created = await asyncio.to_thread(r.workspaces.get, workspace)
+        if body.settings is not None:
+            await asyncio.to_thread(state.apply_settings, body.settings)
         state.events(body.events)
-        ticket = state.submit(body.request_id, body.doc_id, body.text, min(body.offset, len(body.text)))
+        try:
+            ticket = state.submit(body.request_id, body.doc_id, body.text, min(body.offset, len(body.text)))
+        except ValueError as err:  # text no prompt can be built from (a lone surrogate): the editor's to fix
+            raise HTTPException(422, str(err)) from None
         try:
             done = await asyncio.wrap_future(ticket.future)
         except asyncio.CancelledError:  # the client went away: stop the work
@@ -123,7 +129,8 @@ def _work_routes(api: APIRouter) -> None:
     async def stats(workspace: str, r: Replica = Depends(_current)) -> dict:
         state = r.workspaces.find(workspace)
         out = await asyncio.to_thread(state.service.stats) if state is not None else {}
-        return {**out, "replica": r.name, "epoch": state.epoch if state else None, "seq": state.seq if state else 0}
+        return {**out, "replica": r.name, "pid": os.getpid(), "epoch": state.epoch if state else None,
+                "seq": state.seq if state else 0}
 
 
 def _current(request: Request) -> Replica:

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 API = "/v1"
-WORKSPACE_HEADER = "serve_multiplexed_model_id"  # Serve hands it to the request router: the workspace's replica
+WORKSPACE_HEADER = "x-session-id"  # Serve's session header: its consistent-hash router keeps a workspace on one replica
 MAX_ID_CHARS = 4096
 
 # Editor settings a client may set for its workspace on the replica; the model and the files are the server's.
@@ -56,7 +56,7 @@ class SyncReply(_Strict):
 
 
 class Event(_Strict):
-    kind: Literal["change", "cursor", "cancel"]
+    kind: Literal["change", "cursor", "cancel", "close"]
     doc_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     text: str | None = None
     offset: int | None = Field(default=None, ge=0)
@@ -73,6 +73,7 @@ class CompleteRequest(_Strict):
     text: str
     offset: int = Field(ge=0)
     events: Events | None = None
+    settings: dict | None = None  # the editor's (CLIENT_SETTINGS): a replica new to the workspace answers alike
 
 
 class CompleteReply(_Strict):

@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -59,8 +60,9 @@ class RemoteTicket:
 
 
 class RemoteService:
-    def __init__(self, settings: Settings, events, url: str, token: str):
+    def __init__(self, settings: Settings, events, url: str, token: str, timeout_s: float | None = None):
         self.settings = settings
+        self._timeout_s = timeout_s  # a completion's; None: the time budget and COMPLETE_SLACK_S
         self.events = events
         self.url = url
         self._token = token
@@ -85,6 +87,7 @@ class RemoteService:
         self.load_error: str | None = None
         self._said_unreachable = False
         self._remote_stats: dict = {}
+        self._replicas: Counter = Counter()  # answers per replica
         self._counts = {"completions_served": 0, "completions_sent": 0, "retried": 0, "snapshots_sent": 0,
                         "deltas_sent": 0, "cancelled": 0, "unreachable": 0}
         self._feed = DatastoreFeed(self)
@@ -157,6 +160,13 @@ class RemoteService:
     def close_buffer(self, doc_id: str) -> None:
         self._feed.close_buffer(doc_id)
 
+    def close_document(self, doc_id: str) -> None:
+        self._hint(Event(kind="close", doc_id=doc_id))
+
+    def change_roots(self, added: list[Path], removed: list[Path]) -> None:
+        """Folders added or removed: indexed here and sent, or dropped (the deltas carry either)."""
+        self._feed.change_roots([Path(r) for r in added], [Path(r) for r in removed])
+
     def cancel(self, doc_id: str) -> None:
         self._hint(Event(kind="cancel", doc_id=doc_id))
 
@@ -211,9 +221,9 @@ class RemoteService:
 
     def _complete(self, ticket: RemoteTicket, doc_id: str, text: str, offset: int) -> Completion | None:
         body = CompleteRequest(request_id=ticket.request_id, doc_id=doc_id, text=text, offset=offset,
-                               events=self._take_hints()).model_dump()
+                               events=self._take_hints(), settings=_client_settings(self.settings)).model_dump()
         path = f"{API}/workspaces/{self.workspace}/complete"
-        timeout = self.settings.time_budget_ms / 1e3 + COMPLETE_SLACK_S
+        timeout = self._timeout_s or self.settings.time_budget_ms / 1e3 + COMPLETE_SLACK_S
         with self._lock:
             self._counts["completions_sent"] += 1
         for attempt in (0, 1):
@@ -241,11 +251,13 @@ class RemoteService:
                 return None
         if reply.get("need_snapshot"):
             self._request_snapshot()
+        with self._lock:
+            self._remote_stats["replica"] = reply.get("replica")
+            self._replicas[reply.get("replica")] += 1
         if ticket.cancelled.is_set() or reply.get("text") is None:
             return None
         with self._lock:
             self._counts["completions_served"] += 1
-            self._remote_stats["replica"] = reply.get("replica")
         return Completion(reply["text"], reply["id"], reply["tokens"], reply["steps"], reply["latency_ms"],
                           reply["source"])
 
@@ -296,7 +308,7 @@ class RemoteService:
             return {**self._remote_stats, **self._counts, "mode": "remote", "remote": self.url,
                     "status": self.status, "workspace": self.workspace, "ready": self.status == "connected",
                     "load_error": self.load_error, "local_documents": int(store.get("documents", 0)),
-                    "local_tokens": int(store.get("tokens", 0))}
+                    "local_tokens": int(store.get("tokens", 0)), "replicas": dict(self._replicas)}
 
     # -- the workspace's sync -----------------------------------------------------------------------------------
     def _request_snapshot(self) -> None:

@@ -1,27 +1,22 @@
-"""The bearer token of a team's server: read from a file, compared in constant time."""
+"""The bearer token of a team's server: rest_lsp.auth's token file and constant-time compare, for HTTP headers."""
 
 from __future__ import annotations
 
-import hmac
 from pathlib import Path
 
+from rest_lsp.auth import TokenError, read_token as _read_token, token_matches
 from rest_lsp.errors import UserError
-
-MIN_TOKEN_CHARS = 16
 
 
 def read_token(path: str | Path) -> str:
-    """The token in `path` (surrounding whitespace dropped); a missing, empty or short one is a UserError."""
+    """The token in `path` (one line, a file only its owner can read); a UserError that says what is wrong."""
     try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"cannot read the token file {str(path)!r}: {err}") from err
-    if len(token) < MIN_TOKEN_CHARS:
-        raise UserError(f"the token in {str(path)!r} is shorter than {MIN_TOKEN_CHARS} characters.")
-    return token
+        return _read_token(path)
+    except TokenError as err:
+        raise UserError(str(err)) from None
 
 
 def bearer_matches(header: str | None, token: str) -> bool:
     """Whether an Authorization header carries `token`; the comparison takes the same time wherever they differ."""
     scheme, _, given = (header or "").partition(" ")
-    return hmac.compare_digest(given.strip().encode(), token.encode()) and scheme.lower() == "bearer"
+    return token_matches(token, given.strip()) and scheme.lower() == "bearer"

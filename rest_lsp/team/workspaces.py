@@ -63,6 +63,7 @@ class WorkspaceState:
         self.epoch: str | None = None
         self.seq = 0
         self.event_seq = 0
+        self.settings: dict = {}
         self.tickets: dict[str, Ticket] = {}
 
     def reply(self, need: bool = False, reason: str | None = None) -> SyncReply:
@@ -97,8 +98,11 @@ class WorkspaceState:
             self.seq = delta.seq
         return self.reply()
 
-    def apply_settings(self, values: dict) -> None:
-        ours = {k: v for k, v in values.items() if k in CLIENT_SETTINGS}
+    def apply_settings(self, values: dict | None) -> None:
+        ours = {k: v for k, v in (values or {}).items() if k in CLIENT_SETTINGS}
+        if ours == self.settings:
+            return
+        self.settings = ours
         new, errors = self.defaults.update(ours, self.defaults)
         if errors:
             self.log.warning("settings ignored: %s", " ".join(errors))
@@ -115,6 +119,10 @@ class WorkspaceState:
         for event in batch.events:
             if event.kind == "cancel":
                 self.service.cancel(event.doc_id)
+            elif event.kind == "close":
+                close = getattr(self.service, "close_document", None)  # its KV cache, prompt start, suggestions
+                if close is not None:
+                    close(event.doc_id)
             elif event.text is not None and event.offset is not None:
                 if event.kind == "change":
                     self.service.expect(event.doc_id, event.text, event.offset)

@@ -1,0 +1,65 @@
+"""The Ray Serve application of a team's server: one deployment whose replicas each load the model once.
+
+Nothing of a loaded model pickles (TorchScript layers, the datastore's lock): the replicas get specs (settings as
+a dict, the token file's path, the memory budget) and build everything themselves. Serve routes a workspace's
+requests by its session header (`protocol.WORKSPACE_HEADER`) with its consistent-hash router, without fallback:
+a workspace stays on its replica while that lives, and a dead replica's workspaces move to the others with as
+little churn as the ring gives. The replica side only: the editor's modules never import this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+log = logging.getLogger(__name__)
+
+ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"  # alpha API: Ray is pinned
+DEPLOYMENT = "rest-lsp"
+# Requests a replica takes at once: completions wait on its decoding thread, hints and deltas pass meanwhile.
+MAX_ONGOING_REQUESTS = 32
+
+
+@serve.ingress()
+class TeamReplica:
+    def __init__(self, settings: dict, token_file: str, budget_mb: int, threads: int):
+        import torch
+
+        from rest_lsp.settings import Settings
+        from rest_lsp.team.app import Replica
+        from rest_lsp.team.shared_model import SharedModel
+        from rest_lsp.team.token import read_token
+        from rest_lsp.team.workspaces import Workspaces
+
+        torch.set_num_threads(threads)
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
+        settings = Settings(**values)
+        shared = SharedModel(settings)
+        name = serve.get_replica_context().replica_id.unique_id
+        self.replica = Replica(Workspaces(shared, settings, budget_mb << 20), read_token(token_file), name)
+        log.info("replica %s: model %s ready (%s)", name, shared.base.loaded.name, shared.base.decoder.mode)
+
+    def __serve_build_asgi_app__(self):
+        from rest_lsp.team.app import create_app
+
+        return create_app(lambda: self.replica)
+
+    def __del__(self):
+        replica = getattr(self, "replica", None)
+        if replica is not None:
+            replica.workspaces.close()
+
+
+def application(settings, token_file: str, replicas: int, num_cpus: float, num_gpus: float, budget_mb: int):
+    """The bound application: `replicas` copies, each with `num_cpus` torch threads (Ray sets OpenMP's from it)."""
+    deployment = serve.deployment(
+        TeamReplica, name=DEPLOYMENT, num_replicas=replicas, max_ongoing_requests=MAX_ONGOING_REQUESTS,
+        ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
+        request_router_config=RequestRouterConfig(request_router_class=ROUTER,
+                                                  request_router_kwargs={"num_fallback_replicas": 0}),
+        health_check_period_s=2, health_check_timeout_s=30)
+    threads = max(1, int(num_cpus))
+    return deployment.bind(dataclasses.asdict(settings), str(token_file), budget_mb, threads)
