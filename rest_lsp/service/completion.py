@@ -519,7 +519,7 @@ class CompletionService:
                 suffix = loaded.tokenizer.encode(job.after[:SUFFIX_DRAFT_CHARS])
         if not prompt.ids:
             return None
-        ctx = stop_context(job.before, job.after, s.max_lines)
+        ctx = stop_context(job.before, job.after, s.max_lines, prompt.held_written)
         tokenizer = loaded.tokenizer
         so_far = IncrementalText(tokenizer.decode)
         checked = [0]  # new tokens already checked for stop ids

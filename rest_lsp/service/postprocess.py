@@ -21,7 +21,10 @@ its text must be turned into what goes after the cursor: at least as many line b
 (extra blank lines are dropped: the code goes on the cursor line, never below a line of
 only spaces), then the held-back indentation, which is taken off. A text that continues
 the previous line or starts with other indentation (a dedent, tabs for spaces) cannot be
-written by inserting at the cursor, so nothing is shown.
+written by inserting at the cursor, so nothing is shown; but an indentation of the other kind
+(tabs for spaces, or spaces for tabs) is the model's guess at a style the person's editor has
+already chosen, so it is dropped and the line's text goes after theirs (llama.vim does the same).
+A FIM prompt holds the start of that run itself (`written`): the model's text follows it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class StopContext:
     multiline: bool
     held: str = ""  # the cursor line's whitespace that the prompt left out; the model writes it
     max_lines: int = 0  # lines with text a multi-line completion keeps at most (0: no limit)
+    written: str = ""  # the start of `held` that the prompt holds (prompt.Prompt.held_written)
 
     @property
     def one_line(self) -> bool:
@@ -57,7 +61,7 @@ class StopContext:
         return not self.multiline and not self.held
 
 
-def stop_context(before: str, after: str, max_lines: int = 0) -> StopContext:
+def stop_context(before: str, after: str, max_lines: int = 0, written: str = "") -> StopContext:
     line_before = before[before.rfind("\n") + 1:]
     nl = after.find("\n")
     line_after = (after if nl < 0 else after[:nl]).rstrip("\r")
@@ -70,7 +74,8 @@ def stop_context(before: str, after: str, max_lines: int = 0) -> StopContext:
                 break
     opener = line_before.rstrip().endswith(BLOCK_OPENERS)
     multiline = not line_after.strip() and (not line_before.strip() or opener)
-    return StopContext(line_before, line_after, next_line, multiline, held_back(before), max_lines)
+    held = held_back(before)
+    return StopContext(line_before, line_after, next_line, multiline, held, max_lines, written if held else "")
 
 
 def _indent(line: str) -> int:
@@ -84,7 +89,7 @@ def trim(text: str, ctx: StopContext, *, final: bool) -> tuple[str, bool]:
     The shown part is "" when nothing but whitespace is left.
     """
     if ctx.held:
-        text, stopped = _after_held(text, ctx.held, final)
+        text, stopped = _after_held(ctx.written + text, ctx.held, final)
         if text is None:
             return "", stopped
     kept, stopped = _cut(text, ctx, final)
@@ -103,9 +108,18 @@ def _after_held(text: str, held: str, final: bool) -> tuple[str | None, bool]:
     run = text[: len(text) - len(body)]
     indent = run[run.rfind("\n") + 1:]
     held_indent = held[held.rfind("\n") + 1:]
-    if run.count("\n") < held.count("\n") or not indent.startswith(held_indent):
+    if run.count("\n") < held.count("\n"):
         return None, True
-    return indent[len(held_indent):] + body, False
+    if indent.startswith(held_indent):
+        return indent[len(held_indent):] + body, False
+    if indent and _other_kind(indent, held_indent):
+        return body, False
+    return None, True
+
+
+def _other_kind(indent: str, held_indent: str) -> bool:
+    """Whether one indentation holds tabs and the other does not (both non-empty)."""
+    return bool(held_indent) and ("\t" in indent) != ("\t" in held_indent)
 
 
 def _cut(text: str, ctx: StopContext, final: bool) -> tuple[str, bool]:

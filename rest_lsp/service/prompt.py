@@ -23,6 +23,11 @@ right after the line break, is a boundary the model rarely saw; after trailing
 spaces it answers with a line break, after a bare line break with column-0 text.
 The model writes the run itself, and the post-processing takes the held-back
 whitespace off its text again (postprocess.py).
+
+A FIM prompt holds that run, up to the whitespace its first word's token takes (`held_written`): a FIM
+model sees where the middle ends, so without the line break the person typed it may end the middle on
+the line above (`for x in xs: s += x`) or write an indentation other than theirs; the tokens the run
+takes before a word are the tokens it was trained on, so the prompt still ends at a natural boundary.
 """
 
 from __future__ import annotations
@@ -96,9 +101,10 @@ class Prompt:
     prefix: str  # the text before the cursor that the prompt holds
     suffix: str  # the text after the cursor that the prompt holds ("" without FIM)
     fim: Fim | None
-    held: str = ""  # whitespace before the cursor left out of the prompt (see `held_back`)
+    held: str = ""  # whitespace before the cursor that the model writes (see `held_back`), but `held_written`
     start_line: int = 0  # the 0-based line of `before` where the prefix window starts: the next `keep_line`
     held_ids: tuple[int, ...] = ()  # the tokens the model writes for `held` before the line's text (`held_tokens`)
+    held_written: str = ""  # the start of `held` that the prompt holds (FIM: `_middle_with_held`)
 
 
 def held_back(before: str) -> str:
@@ -231,12 +237,30 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
         return Prompt(bos + prefix_ids, prefix, "", None, held, start, held_tokens(hf_tokenizer, held))
     room = budget - len(bos) - 3  # the three FIM markers
     line, line_ids = _middle_so_far(hf_tokenizer, before, room // MIDDLE_SHARE) if split_line else ("", [])
+    written = ""
+    if held:
+        line_ids, written = _middle_with_held(hf_tokenizer, line, held)
     # the suffix's share does not depend on the middle's length, so that typing leaves the suffix as it is
     suffix, suffix_ids = _suffix_window(hf_tokenizer, after, int(room * suffix_fraction))
     prefix, prefix_ids, start = _prefix_window(hf_tokenizer, before[: len(before) - len(line)],
                                                room - len(suffix_ids) - len(line_ids), keep_line)
     ids = bos + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id] + line_ids
-    return Prompt(ids, prefix + line, suffix, fim, held, start, held_tokens(hf_tokenizer, held))
+    return Prompt(ids, prefix + line + written, suffix, fim, held, start, (), written)
+
+
+def _middle_with_held(hf_tokenizer: Any, middle: str, held: str) -> tuple[list[int], str]:
+    """(ids, the start of `held` they write): the tokens of `middle` + `held` as they come before a word, so the
+    ones that end inside `held`, and not the whitespace the word's token takes (see `held_tokens`)."""
+    ids, offsets = _offsets(hf_tokenizer, middle + held + "x")
+    kept, written = [], 0
+    for i, (_, end) in zip(ids, offsets):
+        if end > len(middle) + len(held):
+            break
+        kept.append(i)
+        written = end - len(middle)
+    if written < 0:  # the middle's last token takes the word too (no BPE here does): the middle alone
+        return list(hf_tokenizer(middle, add_special_tokens=False)["input_ids"]), ""
+    return kept, held[:written]
 
 
 def _middle_so_far(hf_tokenizer: Any, before: str, budget: int) -> tuple[str, list[int]]:
