@@ -124,3 +124,39 @@ def _serve() -> None:
 
 if __name__ == "__main__":
     _serve()
+
+
+class WorkerIdle:
+    """Knows when a CompletionService's decoding thread has nothing left to do, so that a test proves "this started
+    no work" by an event instead of a sleep. The thread waits on its queue's condition only when no job is queued,
+    no place is expected and no speculative work is wanted (scheduling.RequestQueue._work); those waits are
+    counted here."""
+
+    def __init__(self, svc):
+        self._queue = svc._requests
+        self._seen = threading.Condition()
+        self.waits = 0
+        cond, worker = self._queue._cond, self._queue.thread
+        real = cond.wait
+
+        def counted(timeout=None):
+            if threading.current_thread() is worker:
+                with self._seen:
+                    self.waits += 1
+                    self._seen.notify_all()
+            return real(timeout)
+
+        cond.wait = counted
+
+    def after(self, action=lambda: None, timeout: float = 120.0):
+        """Runs `action` under the queue's lock and returns its value once the decoding thread, having looked at
+        the state `action` left, waits idle again (whatever work that state called for is done by then)."""
+        cond = self._queue._cond
+        with cond:
+            value = action()
+            with self._seen:
+                seen = self.waits
+            cond.notify_all()  # the thread looks again even where `action` left it nothing to do
+        with self._seen:
+            assert self._seen.wait_for(lambda: self.waits > seen, timeout), "the decoding thread never went idle"
+        return value

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from step_gate import WorkerIdle
 from support import chain_model, command, greedy, inline, open_doc, server_command, start, wait_for, wait_until
 from lsprotocol import types
 
@@ -63,7 +63,7 @@ def generate_calls(monkeypatch) -> Calls:
 
 
 def _service(model: Path, **settings) -> CompletionService:
-    values = dict(model=str(model), max_new_tokens=MAX_NEW, debounce_ms=0, index_workspace=False)
+    values = dict(model=str(model), dtype="float32", max_new_tokens=MAX_NEW, debounce_ms=0, index_workspace=False)
     svc = CompletionService(Settings(**{**values, **settings}))
     svc.start([])
     assert svc.wait_ready(120), svc.load_error
@@ -206,6 +206,12 @@ def test_a_change_that_cannot_lead_to_the_prefetched_place_stops_it_and_its_gues
     assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
 
 
+def _running_prefetch(svc: CompletionService) -> bool:
+    """A prefetch (not a guess) is the decoding thread's job now: waiting its debounce, or decoding."""
+    job = svc._requests._running
+    return job is not None and job.speculative and not job.guess
+
+
 def test_a_change_right_after_an_answer_stops_its_prefetch_before_it_decodes(tiny_models, generate_calls):
     """The prefetch of accepting an answer waits the debounce like any job: a person who writes on at once (not
     accepting) stops it before its first step, which would otherwise hold the decoder from the new place."""
@@ -213,7 +219,7 @@ def test_a_change_right_after_an_answer_stops_its_prefetch_before_it_decodes(tin
     try:
         shown = _submit(svc, "mem://w.py", BEFORE, AFTER)
         assert shown is not None and len(generate_calls) == 1
-        time.sleep(0.05)  # the prefetch of accepting it is waiting its debounce now
+        wait_for(lambda: _running_prefetch(svc), 60, "the prefetch of accepting it waiting its debounce")
         svc.cancel("mem://w.py")
         svc.expect("mem://w.py", BEFORE + "zz" + AFTER, len(BEFORE) + 2)  # wrote on: it can no longer be accepted
         wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the suggestion at the changed place")
@@ -274,19 +280,20 @@ def test_a_cursor_the_editor_moved_has_its_suggestion_ready_before_it_is_asked(t
 
 def test_a_cursor_at_the_place_last_expected_starts_no_work(tiny_models, generate_calls):
     svc = _service(tiny_models["random"], suggestion_cache_size=0)  # no cache that would make a guess needless
+    idle = WorkerIdle(svc)
     try:
         before, after = PREAMBLE + BEFORE, AFTER
         assert _submit(svc, "mem://k.py", before, after) is not None
         wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch after the answer")
         # the editor reports the cursor where it asked: the answer is known
-        assert not svc.moved("mem://k.py", before + after, len(before))
-        time.sleep(0.5)  # a guess would have begun by now: nothing else runs
+        # ... and once the decoding thread has seen that and waits idle, nothing else ran
+        assert not idle.after(lambda: svc.moved("mem://k.py", before + after, len(before)))
         assert len(generate_calls) == 2 and svc.stats()["guessed"] == 0
         # an edit, then the cursor the edit left: the edit's guess alone
         svc.expect("mem://k.py", "y = " + before + after, len(before) + 4)
         assert not svc.moved("mem://k.py", "y = " + before + after, len(before) + 4)
         wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the guess at the edit")
-        time.sleep(0.5)
+        idle.after()  # whatever the edit and the cursor called for is done
         assert len(generate_calls) == 3 and svc.stats()["guessed"] == 1
         # elsewhere in the document: a new place
         assert svc.moved("mem://k.py", "y = " + before + after, 2)
@@ -556,7 +563,7 @@ def test_the_debounce_is_clamped():
 
 
 async def test_accepting_a_suggestion_is_answered_by_the_prefetch_over_lsp(tiny_models, tmp_path):
-    options = {"model": str(tiny_models["random"]), "maxNewTokens": MAX_NEW, "debounceMs": 0,
+    options = {"model": str(tiny_models["random"]), "dtype": "float32", "maxNewTokens": MAX_NEW, "debounceMs": 0,
                "indexWorkspace": False}
     client, _ = await start(server_command(), tmp_path, "visual-studio-code", options)
     try:
@@ -645,22 +652,31 @@ def test_an_edits_tokens_ride_the_first_pass_of_its_guess_when_that_pass_covers_
         doc, before = "mem://e.py", PREAMBLE + BEFORE
         assert _submit(svc, doc, before, AFTER) is not None  # the decoder has timed its passes
         wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch after the answer")
-        time.sleep(0.2)  # the warm-up at the place just answered (nothing to compute) is over
+        WorkerIdle(svc).after()  # the warm-up at the place just answered (nothing to compute) is over
         if covered:  # a machine where a pass takes longer than the debounce
             monkeypatch.setattr(Decoder, "shortest_pass_s", lambda decoder: 2 * debounce_s)
         warmed = svc.stats()["prewarm_tokens"]
         edited = before + "1, 2"
+        # the jobs the decoding thread ran, and the debounce each waited before it ran (none: it started at once)
+        jobs, waited = [], []
+        queue = svc._requests
+        run, debounce = queue._run, queue._debounce_s
+        monkeypatch.setattr(queue, "_run", lambda job: (jobs.append(job), run(job))[1])
+        monkeypatch.setattr(queue, "_debounce_s",
+                            lambda: (waited.append((queue._running, debounce())), waited[-1][1])[1])
         svc.cancel(doc)  # what the server does at a change (the debounce counts from it), then where it was
-        start = time.monotonic()
         svc.expect(doc, edited + AFTER, len(edited))
         wait_for(lambda: svc.stats()["guessed"] == 1, 60, "the guess at the edit")
-        took = time.monotonic() - start
         guess = generate_calls[-1]
         added = svc.stats()["prewarm_tokens"] - warmed
-        if covered:  # the guess's first pass computed the edit, at once
-            assert added == 0 and guess.prefill_tokens > 0 and took < debounce_s
-        else:  # the warm-up did, and the guess waited the debounce
-            assert added > 0 and guess.prefill_tokens == 0 and took >= debounce_s * 0.9
+        guesses = [job for job in jobs if job.guess]
+        assert len(guesses) == 1
+        waits = [w for job, w in waited if job is guesses[0]]
+        if covered:  # the guess's first pass computed the edit, at once: it waited no debounce
+            assert added == 0 and guess.prefill_tokens > 0 and guesses[0].at_once and waits == []
+        else:  # the warm-up did, and the guess waited what was left of the debounce
+            assert added > 0 and guess.prefill_tokens == 0 and not guesses[0].at_once
+            assert len(waits) == 1 and 0 < waits[0] <= debounce_s
         hit = svc.submit(doc, edited + AFTER, len(edited)).future
         assert hit.done() and hit.result().source == "prefetch"
         assert hit.result().text == greedy(model, edited, AFTER, MAX_NEW)
