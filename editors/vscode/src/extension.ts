@@ -19,6 +19,7 @@ import {
   State,
 } from "vscode-languageclient/node";
 import { CURSOR_NOTIFICATION, CursorHints, CursorParams } from "./cursor";
+import { cursorHint } from "./hint";
 import { classifyChange, documentSelector, readSettings, RestLspSettings, serverLaunch, serverOptions } from "./settings";
 import { ServerLogReader } from "./serverlog";
 import { checkProgram, LaunchProblem, Probe, startFailureMessage } from "./startup";
@@ -256,13 +257,15 @@ class RestLspExtension implements vscode.Disposable {
   cursorMoved(editor: vscode.TextEditor | undefined): void {
     const client = this.client;
     if (client === undefined || !client.isRunning() || editor === undefined) return;
-    if (editor !== vscode.window.activeTextEditor || editor.selections.length !== 1 || !editor.selection.isEmpty) return;
-    if (vscode.languages.match(documentSelector(this.settings.languages), editor.document) === 0) return;
     const converter = client.code2ProtocolConverter;
-    this.hints.moved({
-      textDocument: converter.asTextDocumentIdentifier(editor.document),
+    const hint = cursorHint({
+      active: editor === vscode.window.activeTextEditor,
+      selections: editor.selections,
+      served: vscode.languages.match(documentSelector(this.settings.languages), editor.document) !== 0,
+      uri: converter.asTextDocumentIdentifier(editor.document).uri,
       position: converter.asPosition(editor.selection.active),
     });
+    if (hint !== undefined) this.hints.moved(hint);
   }
 
   private sendCursor(params: CursorParams): void {
