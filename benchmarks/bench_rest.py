@@ -163,7 +163,7 @@ def main() -> None:
             ms = found[d.engine].ms
             print(f"step cost, {d.engine} engine ({found[d.engine].source}): {ms[1]:.1f} ms for 1 token; "
                   + ", ".join(f"{k}: {v / ms[1]:.2f}x" for k, v in sorted(ms.items())))
-        d.step_cost = found[d.engine].curve
+        d.run = d.run.measured(found[d.engine].curve)
     recycles = {c: SuccessorTable() for c in configs}
     outputs = {c: OutputStore() for c in configs}
     n = args.max_new_tokens

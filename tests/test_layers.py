@@ -126,3 +126,40 @@ def test_each_subpackage_says_what_it_knows(layer):
     init = PACKAGE / layer / "__init__.py"
     doc = ast.get_docstring(ast.parse(init.read_text())) or ""
     assert "Knows:" in doc and "Never imports:" in doc
+
+
+def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
+    """Cycles in the graph of module imports (function-local ones included), each as its modules in order."""
+    modules = {module_name(p, package): p for p in package.rglob("*.py")}
+    graph = {name: sorted({t for t, _ in imports_of(path, package) if t in modules and t != name})
+             for name, path in modules.items()}
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in graph[node]:
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    return cycles
+
+
+def test_no_import_cycle():
+    assert import_cycles() == []
+
+
+def test_an_import_cycle_is_caught(tmp_path):
+    fake = tmp_path / "rest_lsp"
+    (fake / "engine").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "engine" / "__init__.py").write_text("")
+    (fake / "engine" / "decoding.py").write_text("from rest_lsp.engine.calibration import calibrate\n")
+    (fake / "engine" / "calibration.py").write_text("def f():\n    from rest_lsp.engine.decoding import g\n")
+    assert import_cycles(fake) == [["rest_lsp.engine.calibration", "rest_lsp.engine.decoding",
+                                    "rest_lsp.engine.calibration"]]

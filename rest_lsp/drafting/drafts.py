@@ -233,6 +233,16 @@ class NgramDrafts(_MatchingSource):
         return _longest_match(self.corpus, candidates, query, self.max_suffix, self.length, self.max_matches)
 
 
+class SuffixDrafts(NgramDrafts):
+    """The text after the cursor: a line being re-typed, a call matching a definition below (models without FIM; a
+    FIM prompt holds it already)."""
+
+    name = "suffix"
+
+    def __init__(self, suffix: Sequence[int]):
+        super().__init__([suffix], name=self.name)
+
+
 class OutputStore(_MatchingSource):
     """The model's own recent outputs, each after the context tokens it followed: a bounded, recent store.
 
@@ -521,8 +531,9 @@ class DraftMix:
         return any(hasattr(s, "observe_successors") for _, s in self.sources + self.fallback)
 
 
-# The names a user can leave out (the server's and the CLI's draft-source settings).
-SOURCE_NAMES = ("context", "suffix", "outputs", "workspace", "recycle", "held")
+# The sources a user can leave out by name (the server's and the CLI's draft-source settings), in drafting order.
+SOURCES = (ContextLookup, SuffixDrafts, OutputStore, DatastoreDrafts, SuccessorTable, KnownStart)
+SOURCE_NAMES = tuple(source.name for source in SOURCES)
 
 
 def rest_drafts(
@@ -540,16 +551,16 @@ def rest_drafts(
     any line break ends it), an output that ends at its first line break after text (FirstLine). Any source can be
     absent or excluded by name."""
     skip = set(exclude)
-    sources: list[tuple[str, DraftSource]] = [("context", ContextLookup())]
+    sources: list = [ContextLookup()]
     if suffix:
-        sources.append(("suffix", NgramDrafts([suffix], name="suffix")))
+        sources.append(SuffixDrafts(suffix))
     if outputs is not None:
-        sources.append(("outputs", outputs))
+        sources.append(outputs)
     if workspace is not None:
-        sources.append(("workspace", DatastoreDrafts(workspace)))
-    sources = [(n, s) for n, s in sources if n not in skip]
-    fallback = [("recycle", recycle)] if recycle is not None and "recycle" not in skip else []
-    drafts: DraftMix | KnownStart = DraftMix(sources, fallback)
-    if held is not None and held[1] and "held" not in skip:
+        sources.append(DatastoreDrafts(workspace))
+    fallback = [recycle] if recycle is not None else []
+    drafts: DraftMix | KnownStart = DraftMix([(s.name, s) for s in sources if s.name not in skip],
+                                             [(s.name, s) for s in fallback if s.name not in skip])
+    if held is not None and held[1] and KnownStart.name not in skip:
         drafts = KnownStart(drafts, *held)
     return drafts if first_line is None else FirstLine(drafts, *first_line)

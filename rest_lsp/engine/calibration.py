@@ -23,11 +23,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from rest_lsp.drafting.draft_tree import DraftTree, build_tree
+from rest_lsp.engine.runmode import cost_curve, cpuinfo_field
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def machine_name(device: torch.device) -> str:
     """GPU name, or CPU model string, plus the torch thread count (both change the curve's shape)."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}; cuda {torch.version.cuda}"
-    cpu = _cpuinfo_field("model name") or platform.processor() or platform.machine()
+    cpu = cpuinfo_field("model name") or platform.processor() or platform.machine()
     return f"{cpu}; {torch.get_num_threads()} threads"
 
 
@@ -236,7 +237,6 @@ def calibrate(
 ) -> Calibration | None:
     """The cost curve of this machine, model, dtype and engine: from the cache file, else measured and saved
     (with `measure=False`: None when there is no cache file to read)."""
-    from rest_lsp.engine.decoding import cost_curve  # here, not at the top: decoding imports this module
 
     key = calibration_key(model, name, device, dtype, engine)
     path = cache_file(cache_dir, key)
@@ -295,73 +295,3 @@ def calibrate_when_idle(decoder, busy: Callable[[], bool], stopped: threading.Ev
 
 
 # -- dtype by hardware ---------------------------------------------------------------------------------------------
-def _cpuinfo_field(name: str, text: str | None = None) -> str:
-    if text is None:
-        try:
-            text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-    for line in text.splitlines():
-        field, _, value = line.partition(":")
-        if field.strip() == name:
-            return value.strip()
-    return ""
-
-
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU's feature flags (x86 `flags`, ARM `Features`), from /proc/cpuinfo unless given its text."""
-    return set((_cpuinfo_field("flags", cpuinfo) or _cpuinfo_field("Features", cpuinfo)).split())
-
-
-def native_bf16(flags: Iterable[str] | None = None, capability: str | None = None) -> bool:
-    """Whether the CPU computes bfloat16 in hardware (AVX512-BF16, AMX-BF16, or ARM's BF16 extension).
-
-    Without it torch converts every bf16 operand to fp32 and back: slower than fp32 (here a 576x1536 linear on
-    one row took 5 ms in bf16 against 0.36 ms in fp32). `capability` is torch's CPU dispatch level; an x86 CPU
-    that torch does not run at AVX512 (e.g. ATEN_CPU_CAPABILITY=avx2) does not use those instructions.
-    """
-    flags = cpu_flags() if flags is None else set(flags)
-    if capability is None:
-        capability = torch.backends.cpu.get_cpu_capability()
-    if flags & {"avx512_bf16", "amx_bf16"}:
-        return capability.upper().startswith(("AVX512", "AMX"))
-    return "bf16" in flags  # aarch64 (Graviton 3, Neoverse V1/V2, Apple M2+ report it here on Linux)
-
-
-def native_fp16(flags: Iterable[str] | None = None) -> bool:
-    """Whether the CPU computes float16 in hardware (AVX512-FP16, AMX-FP16, or ARM's FP16 arithmetic)."""
-    flags = cpu_flags() if flags is None else set(flags)
-    return bool(flags & {"avx512_fp16", "amx_fp16", "asimdhp"})
-
-
-def runnable_dtype(
-    device: torch.device,
-    wanted: torch.dtype,
-    flags: Iterable[str] | None = None,
-    capability: str | None = None,
-    cuda_bf16: bool | None = None,
-) -> tuple[torch.dtype, str | None]:
-    """(the dtype to run, a sentence for the user when it is not `wanted`).
-
-    A half dtype the hardware only emulates is slower than float32 and less exact, so float32 replaces it on a CPU;
-    a GPU without bfloat16 (before Ampere) runs float16 instead. `flags`, `capability` and `cuda_bf16` default to
-    this machine's.
-    """
-    if device.type == "cuda":
-        if wanted == torch.bfloat16:
-            ok = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16
-            if not ok:
-                return torch.float16, ("This GPU has no bfloat16 support, so rest-lsp runs the model in float16 "
-                                       "instead.")
-        return wanted, None
-    if device.type != "cpu":
-        return wanted, None
-    flags = cpu_flags() if flags is None else set(flags)
-    if wanted == torch.bfloat16 and not native_bf16(flags, capability):
-        return torch.float32, ("This CPU has no native bfloat16 (AVX512-BF16 or AMX), so rest-lsp runs the model "
-                               "in float32 instead: emulated bfloat16 would be slower.")
-    if wanted == torch.float16 and not native_fp16(flags):
-        hint = " (--dtype bfloat16 is native here)" if native_bf16(flags, capability) else ""
-        return torch.float32, ("This CPU has no native float16, so rest-lsp runs the model in float32 instead"
-                               f"{hint}: emulated float16 would be slower.")
-    return wanted, None

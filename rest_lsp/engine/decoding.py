@@ -24,7 +24,8 @@ from rest_lsp.drafting.draft_tree import (DraftTree, build_tree, fit_to_cost, tr
                                   under_chain)
 from rest_lsp.drafting.drafts import DraftSource, Proposal, propose
 from rest_lsp.engine.lean_llama import KVCache, LeanLlama, unsupported
-from rest_lsp.engine.model import LoadedModel, ModelLoadError, cache_root, mode_name
+from rest_lsp.engine.model import LoadedModel, ModelLoadError, cache_root
+from rest_lsp.engine.runmode import run_mode
 
 log = logging.getLogger(__name__)
 
@@ -60,33 +61,27 @@ class DecodeResult:
         return self.decode_ms / len(self.tokens) if self.tokens else 0.0
 
 
+@dataclass
+class Timers:
+    """Where one generate() call's time goes (perf_counter seconds)."""
 
+    start: float
+    prefill_end: float = 0.0
+    end: float = 0.0
+    draft: float = 0.0  # of the decoding: asking the sources and building trees
 
-def cost_curve(measured: dict[int, float]) -> list[float]:
-    """Relative step cost for every tree size up to the largest measured one, interpolated linearly."""
-    sizes = sorted(measured)
-    curve = [0.0]
-    for k in range(1, sizes[-1] + 1):
-        hi = next(s for s in sizes if s >= k)
-        lo = max((s for s in sizes if s <= k), default=hi)
-        t = 0.0 if hi == lo else (k - lo) / (hi - lo)
-        curve.append(measured[lo] + t * (measured[hi] - measured[lo]))
-    return curve
+    def prefilled(self, device: torch.device) -> None:
+        sync_device(device)
+        self.prefill_end = self.end = time.perf_counter()
 
+    def decoded(self, device: torch.device) -> None:
+        sync_device(device)
+        self.end = time.perf_counter()
 
-# Time of a step verifying k tokens relative to a plain step: fp32, 2-core AVX-512 CPU, 512-token context
-# (benchmarks/bench_tree_cost.py). A GPU verifies a few dozen tokens in about the time of one.
-CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.63, 24: 3.01, 32: 3.40, 48: 4.17, 64: 4.93})
-# The lean engine (its layers as TorchScript) on oneDNN's packed weights: fp32, 2-core AVX2 CPU, 384-token context,
-# SmolLM2-135M, the mean of two calibrate() runs (31-39 ms for one token).
-PACKED_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.07, 4: 1.28, 6: 1.43, 8: 1.46, 12: 1.6, 16: 1.98, 32: 2.85, 64: 4.9})
-# The same on fbgemm's fp16 weights (float16-weights; its kernels take rows in blocks of 6, and 6+ rows are
-# compute-bound on 2 AVX2 cores): 16-17 ms for one token, so the curve is steeper than oneDNN's fp32 one.
-FP16_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.28, 4: 1.41, 6: 1.64, 8: 2.02, 12: 2.52, 16: 3.06, 32: 5.3, 64: 9.4})
-# Our panel kernel (panel_matmul.py), fp32, same machine and model, one calibrate() run (41 ms for one token): the
-# rows' arithmetic hides under the weights' stream up to 12 rows (2 tiles of 6), so the curve is flat that far.
-PANEL_CPU_STEP_COST = cost_curve({1: 1.0, 2: 1.08, 4: 1.08, 6: 1.09, 8: 1.22, 12: 1.25, 16: 1.45, 32: 2.57, 64: 4.3})
-FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
+    def result(self, tokens: list[int], steps: int, finish: str, prefill_tokens: int) -> DecodeResult:
+        return DecodeResult(tokens=tokens, steps=steps, prefill_ms=(self.prefill_end - self.start) * 1e3,
+                            decode_ms=(self.end - self.prefill_end) * 1e3, finish=finish,
+                            prefill_tokens=prefill_tokens, draft_ms=self.draft * 1e3)
 
 
 def sync_device(device: torch.device) -> None:
@@ -161,30 +156,6 @@ def _cached_length(cache: DynamicCache | KVCache) -> int:
     return cache.length if isinstance(cache, KVCache) else cache.get_seq_length()
 
 
-# The LM head reads its whole [V, H] weight per call (113 MB for SmolLM2 in fp32), so one call over up to this many
-# likely nodes costs about what two single-row calls do (fp32 GEMM, 2-core AVX2): a step expected to visit this
-# many nodes gets the likeliest ones in one call, the rest one by one as the walk reaches them.
-HEAD_BATCH = 8
-# Expected visited nodes (1 + expected accepted drafts) from which one batched call pays: on MKL (F.linear) 8 rows
-# cost 2.4x one row; on oneDNN's packed head 1.4x (benchmarks/bench_linear.py: 8.5 against 6.2 ms), so there a
-# walk expected to go past the root at all is cheaper batched.
-HEAD_BATCH_FROM = 2.5
-HEAD_BATCH_FROM_PACKED = 1.4
-# On fbgemm's fp16 head (float16-weights) rows come in blocks of 6: 6 rows cost 1.7x one row (3 rows 1.13x, 7 rows
-# 2.6x; 2.2 ms for one row here), so a walk expected to visit 1.7 nodes gets the likeliest 6 in one call.
-HEAD_BATCH_FP16 = 6
-HEAD_BATCH_FROM_FP16 = 1.7
-# On our panel kernel 12 rows cost 1.16x one row (7.2 against 6.2 ms): the head reads its weight once for two
-# tiles of 6 rows, so any walk expected to go past the root gets the likeliest 12 in one call.
-HEAD_BATCH_PANEL = 12
-HEAD_BATCH_FROM_PANEL = 1.1
-# A node the walk reaches outside that call comes with the likeliest nodes below it (the walk that got there goes
-# on there) in as many rows as cost what one row does: 6 on our panel kernel (one tile), 4 on oneDNN's packed fp32
-# head (7.5 ms against 7.8 for one row here, the 113 MB weight read either way), 3 on fbgemm's fp16 one; one by one
-# on MKL, where rows cost more.
-MISS_ROWS = {"panel": 6, "onednn": 4, "fp16": 3}
-
-
 def below(tree: DraftTree, node: int, rows: int, skip) -> list[int]:
     """Up to `rows` nodes under `node` (not in `skip`), likeliest first."""
     if rows <= 0 or len(tree.shares) != len(tree):
@@ -200,7 +171,7 @@ def below(tree: DraftTree, node: int, rows: int, skip) -> list[int]:
     return sorted(found, key=lambda i: -tree.shares[i])[:rows]
 
 
-def likely_nodes(tree: DraftTree, batch_from: float, rows: int = HEAD_BATCH) -> list[int]:
+def likely_nodes(tree: DraftTree, batch_from: float, rows: int) -> list[int]:
     """The nodes worth one batched head call: the `rows` likeliest (root first) when the walk is expected to
     visit at least `batch_from` nodes, else none."""
     if len(tree) == 1 or len(tree.shares) != len(tree):
@@ -298,17 +269,10 @@ class Decoder:
         self.lean = (LeanLlama(self.model, self.max_context, pack=pack, static=static)
                      if self.lean_unsupported is None else None)
         self.logits = self.lean.head if self.lean is not None else self.head  # hidden [n, H] -> [n, V]
-        packing = self.lean.packing if self.lean is not None else "none"
-        self.head_batch_from, self.head_batch = {"panel": (HEAD_BATCH_FROM_PANEL, HEAD_BATCH_PANEL),
-                                                 "onednn": (HEAD_BATCH_FROM_PACKED, HEAD_BATCH),
-                                                 "fp16": (HEAD_BATCH_FROM_FP16, HEAD_BATCH_FP16)}.get(
-                                                     packing, (HEAD_BATCH_FROM, HEAD_BATCH))
-        self.miss_rows = MISS_ROWS.get(packing, 1)
         self.name = loaded.name
-        # Until calibrate() has measured this machine: the constants measured on the reference machines.
-        self.step_cost = (FLAT_STEP_COST if self.device.type == "cuda"
-                          else {"panel": PANEL_CPU_STEP_COST, "onednn": PACKED_CPU_STEP_COST,
-                                "fp16": FP16_CPU_STEP_COST}.get(packing, CPU_STEP_COST))
+        # Until calibrate() has measured this machine: the packing's row of the reference machines' constants.
+        self.run = run_mode(self.device, self.dtype, self.lean.packing if self.lean is not None else None,
+                            tuple(loaded.notes))
         self.calibration: Calibration | None = None
         self._pass_s: deque[float] = deque(maxlen=PASSES_KEPT)  # the last decoding passes' times (seconds)
         # What sources claim is not how often the model agrees: learned per (source, match length, depth) from
@@ -361,13 +325,18 @@ class Decoder:
                           engine=self.engine, force=force, should_stop=should_stop, measure=measure,
                           **measure_kw)
         if found is not None:
-            self.step_cost, self.calibration = found.curve, found
+            self.run, self.calibration = self.run.measured(found.curve), found
         return found
 
     @property
     def mode(self) -> str:
         """The numerics this decoder's outputs follow ("float32" is the exact mode)."""
-        return mode_name(self.dtype, self.lean.packing if self.lean is not None else None)
+        return self.run.name
+
+    @property
+    def step_cost(self) -> list[float]:
+        """The step-cost curve tree sizing uses now (the measured one once calibrate() has run)."""
+        return self.run.step_cost
 
     @property
     def engine(self) -> str:
@@ -394,7 +363,7 @@ class Decoder:
         @torch.inference_mode()
         def run(tree: DraftTree) -> None:
             logits_at = self._pass(cache, tree)
-            for node in likely_nodes(tree, self.head_batch_from, self.head_batch) or [0]:
+            for node in likely_nodes(tree, self.run.head_batch_from, self.run.head_batch) or [0]:
                 logits_at(node)
             sync_device(self.device)
             if isinstance(cache, KVCache):
@@ -603,7 +572,7 @@ class Decoder:
         walk is expected to visit enough of them; any other node when the walk reaches it, with the likeliest nodes
         below it in as many rows as cost one (`miss_rows`)."""
         done: dict[int, torch.Tensor] = {}
-        rows = likely_nodes(tree, self.head_batch_from, self.head_batch)
+        rows = likely_nodes(tree, self.run.head_batch_from, self.run.head_batch)
         if len(rows) > 1:
             logits = self.logits(hidden[rows]).float()  # [k, V]
             done = {node: logits[i] for i, node in enumerate(rows)}
@@ -611,7 +580,7 @@ class Decoder:
         @torch.inference_mode()
         def logits_at(node: int) -> torch.Tensor:
             if node not in done:
-                rows = [node] + below(tree, node, self.miss_rows - 1, done)
+                rows = [node] + below(tree, node, self.run.miss_rows - 1, done)
                 logits = self.logits(hidden[rows]).float()  # [k, V]
                 done.update((n, logits[i]) for i, n in enumerate(rows))
             return done[node]
@@ -697,6 +666,44 @@ class Decoder:
         should_stop: Callable[[list[int]], bool] | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> DecodeResult:
+        """REST: each step drafts a tree, verifies it in one pass and accepts the longest agreed path, learns from
+        the walk, and commits the accepted tokens' KV rows; the model's own next token is the next step's root."""
+        self._check_fits(prompt, config)
+        gen = None
+        if config.temperature > 0 and config.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(config.seed)
+        clock = Timers(start=time.perf_counter())
+        leave = self.chain_tail
+        computed = self.prefill(prompt[:-1], stop=cancelled, leave=leave)
+        chain = list(prompt[len(self._cached) : -1])  # computed in the first step's pass
+        clock.prefilled(self.device)
+        if len(chain) > leave:  # `cancelled` fired during the prefill
+            return clock.result([], 0, "stopped", computed)
+
+        seq, new = list(prompt), []
+        steps, finish = 0, "length"
+        recycle = config.budget > 0 and getattr(drafts, "wants_successors", hasattr(drafts, "observe_successors"))
+        while len(new) < config.max_new_tokens:
+            if cancelled is not None and cancelled():  # before each step too, not only between prefill passes
+                finish = "stopped"
+                break
+            tree = self._draft(seq, drafts, config, clock)
+            self._match_rope(seq)
+            base = self._cache_length()
+            accepted, path, logits_at = self._verify_and_accept(tree, chain, config, gen)
+            computed, steps = computed + len(chain), steps + 1
+            self._learn(drafts if recycle else None, tree, path, accepted, logits_at)
+            accepted = accepted[: config.max_new_tokens - len(new)]
+            self._commit(base, chain, seq, tree, path, accepted)
+            chain = []
+            new.extend(accepted)
+            finish = self._ended(accepted, new, should_stop)
+            if finish:
+                break
+        clock.decoded(self.device)
+        return clock.result(new, steps, finish or "length", computed)
+
+    def _check_fits(self, prompt: Sequence[int], config: DecodeConfig) -> None:
         if not prompt:
             raise ValueError("The prompt is empty: there is nothing to continue.")
         if len(prompt) + config.max_new_tokens + config.budget + 1 > self.max_context:
@@ -704,67 +711,48 @@ class Decoder:
                 f"The prompt ({len(prompt)} tokens) plus {config.max_new_tokens} new tokens does not fit the "
                 f"model's context of {self.max_context} tokens."
             )
-        gen = None
-        if config.temperature > 0 and config.seed is not None:
-            gen = torch.Generator(device=self.device).manual_seed(config.seed)
 
-        t0 = time.perf_counter()
-        leave = self.chain_tail
-        computed = self.prefill(prompt[:-1], stop=cancelled, leave=leave)
-        chain = list(prompt[len(self._cached) : -1])  # computed in the first step's pass
-        sync_device(self.device)
-        t1 = time.perf_counter()
-        if len(chain) > leave:  # `cancelled` fired during the prefill
-            return DecodeResult([], 0, (t1 - t0) * 1e3, 0.0, "stopped", computed)
+    def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers") -> DraftTree:
+        """The sources' proposals after `seq`, merged into one tree rooted at its last token and cut to what pays."""
+        t = time.perf_counter()
+        proposals = self._usable(propose(drafts, seq), len(seq)) if config.budget > 0 else []
+        tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
+        if config.fit_to_cost:
+            tree = fit_to_cost(tree, self.step_cost)
+        clock.draft += time.perf_counter() - t
+        return tree
 
-        seq = list(prompt)
-        new: list[int] = []
-        steps, finish = 0, "length"
-        recycle = config.budget > 0 and getattr(drafts, "wants_successors", hasattr(drafts, "observe_successors"))
-        draft_s = 0.0
-        while len(new) < config.max_new_tokens:
-            if cancelled is not None and cancelled():  # before each step too, not only between prefill passes
-                finish = "stopped"
-                break
-            t_draft = time.perf_counter()
-            proposals = self._usable(propose(drafts, seq), len(seq)) if config.budget > 0 else []
-            tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
-            if config.fit_to_cost:
-                tree = fit_to_cost(tree, self.step_cost)
-            draft_s += time.perf_counter() - t_draft
-            self._match_rope(seq)
-            base = self._cache_length()
-            t_pass = time.perf_counter()
-            logits_at = _memo(self.verify(tree, chain))
-            computed += len(chain)
-            steps += 1
-            accepted, path = self.accept(tree, logits_at, config, gen)
-            self._pass_s.append(time.perf_counter() - t_pass)  # the walk read the logits: the device is done
-            self._observe(tree, path, accepted)
-            if recycle:
-                self._recycle(drafts, tree, path, logits_at)
-            accepted = accepted[: config.max_new_tokens - len(new)]
-            # the chain's rows, the root's and the accepted drafts' stay; the bonus token is the next root
-            k = len(chain)
-            self._keep_rows(base, list(range(k)) + [k + i for i in path[: len(accepted)]])
-            self._cached.extend(chain + seq[-1:] + [tree.tokens[i] for i in path[1 : len(accepted)]])
-            chain = []
-            seq.extend(accepted)
-            new.extend(accepted)
-            if any(t in self.eos for t in accepted):
-                finish = "eos"
-                break
-            if should_stop is not None and should_stop(new):
-                finish = "stopped"
-                break
-        sync_device(self.device)
-        t2 = time.perf_counter()
-        return DecodeResult(
-            tokens=new,
-            steps=steps,
-            prefill_ms=(t1 - t0) * 1e3,
-            decode_ms=(t2 - t1) * 1e3,
-            finish=finish,
-            prefill_tokens=computed,
-            draft_ms=draft_s * 1e3,
-        )
+    def _verify_and_accept(self, tree: DraftTree, chain: list[int], config: DecodeConfig,
+                           gen: torch.Generator | None) -> tuple[list[int], list[int], Callable[[int], torch.Tensor]]:
+        """One forward pass over the chain and the tree, then the walk: (accepted tokens, the path's nodes, the
+        logits the pass computed, by node)."""
+        t = time.perf_counter()
+        logits_at = _memo(self.verify(tree, chain))
+        accepted, path = self.accept(tree, logits_at, config, gen)
+        self._pass_s.append(time.perf_counter() - t)  # the walk read the logits: the device is done
+        return accepted, path, logits_at
+
+    def _learn(self, recycle: DraftSource | None, tree: DraftTree, path: list[int], accepted: list[int],
+               logits_at: Callable[[int], torch.Tensor]) -> None:
+        """What the walk taught: how often each source's nodes are accepted, and (Token Recycling) the model's
+        likeliest successors at the nodes it visited."""
+        self._observe(tree, path, accepted)
+        if recycle is not None:
+            self._recycle(recycle, tree, path, logits_at)
+
+    def _commit(self, base: int, chain: list[int], seq: list[int], tree: DraftTree, path: list[int],
+                accepted: list[int]) -> None:
+        """Keep the chain's rows, the root's and the accepted drafts' in the KV cache; the last accepted token (the
+        model's own) is the next root, not cached yet."""
+        k = len(chain)
+        self._keep_rows(base, list(range(k)) + [k + i for i in path[: len(accepted)]])
+        self._cached.extend(chain + seq[-1:] + [tree.tokens[i] for i in path[1 : len(accepted)]])
+        seq.extend(accepted)
+
+    def _ended(self, accepted: list[int], new: list[int],
+               should_stop: Callable[[list[int]], bool] | None) -> str | None:
+        if any(t in self.eos for t in accepted):
+            return "eos"
+        if should_stop is not None and should_stop(new):
+            return "stopped"
+        return None

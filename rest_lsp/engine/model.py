@@ -24,6 +24,7 @@ from rest_lsp.errors import ModelLoadError
 from rest_lsp.engine.model_source import DEFAULT_GGUF_NAME, DEFAULT_MODEL, cache_root
 from rest_lsp.engine.model_source import gguf_cache_dir as _gguf_cache_dir
 from rest_lsp.engine.model_source import resolve as _resolve
+from rest_lsp.engine.runmode import decide, mode_name
 
 __all__ = ["DEFAULT_GGUF_NAME", "DEFAULT_MODEL", "LoadedModel", "ModelLoadError", "Tokenizer", "cache_root",
            "load_model", "load_tokenizer"]
@@ -33,16 +34,6 @@ log = logging.getLogger(__name__)
 # The dtype a load gets when none is asked for, in place of the machine's own default (as if --dtype named it):
 # `./dev.sh test` sets it for a second pass over the tests of the default mode, so the other path runs too.
 DTYPE_ENV = "REST_LSP_DTYPE"
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# fp32 activations and arithmetic over fp16 copies of the linear weights (CPU, fbgemm): a step streams half the bytes
-# of fp32; the weights round to fp16 once, so it is not the exact mode (README, "float16-weights").
-FP16_WEIGHTS = "float16-weights"
-
-
-def mode_name(dtype: torch.dtype, packing: str | None) -> str:
-    """The numerics outputs depend on: "float32", "bfloat16", "float16" or "float16-weights"."""
-    return FP16_WEIGHTS if packing == "fp16" else str(dtype).removeprefix("torch.")
 
 
 @dataclass
@@ -97,35 +88,6 @@ class LoadedModel:
     @property
     def max_context(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
-
-
-def pick_device(device: str | None) -> torch.device:
-    if device in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise ModelLoadError(f"Unknown device '{device}': use 'cpu', 'cuda' or 'auto'.") from err
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"Device '{device}' was asked for, but CUDA is not available here; use --device cpu.")
-    return dev
-
-
-def pick_dtype(dtype: str | None, device: torch.device) -> tuple[torch.dtype, str | None]:
-    """(the dtype to run, a sentence for the user when it is not the one asked for).
-
-    auto: bf16 on CPUs that compute it in hardware (AVX512-BF16, AMX), for speed; fp32 elsewhere, where emulated
-    bf16 is slower than fp32, and on GPUs, where a step replayed from CUDA graphs is bound by its kernel count, not
-    its bytes: on an H200 the default model's REST step took 4.5 ms/token in fp32 and 5.2 in bf16, and bf16 changed
-    56% of greedy completions (README, "GPU"). float32 is the exact mode everywhere.
-    """
-    from rest_lsp.engine.calibration import native_bf16, runnable_dtype
-
-    if dtype in (None, "", "auto"):
-        return (torch.bfloat16 if device.type == "cpu" and native_bf16() else torch.float32), None
-    if dtype not in DTYPES:
-        raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)}, {FP16_WEIGHTS} or 'auto'.")
-    return runnable_dtype(device, DTYPES[dtype])
 
 
 @contextlib.contextmanager
@@ -247,44 +209,15 @@ def _gguf_tokenizer(folder: str, gguf_file: str):
     return tok
 
 
-def pick_weight_packing(dtype: str | None, device: torch.device, gguf: bool = False) -> tuple[str | None, str | None]:
-    """(the lean engine's weight packing, a sentence for the user when float16-weights cannot run here).
-
-    float16-weights when asked for, and by default for a .gguf model on a CPU that has no bf16 in hardware: a
-    GGUF's weights are quantized (4-8 bits in most files, as the default model's Q4_1) or half already, so their
-    fp16 copies round far below the quantization's own error, and a step streams half of fp32's bytes. Measured on
-    31 function starts (benchmarks/bench_bf16.py): REST in float16-weights wrote what plain decoding in that mode
-    writes 31/31 times, and what fp32 writes 28/31 times. `--dtype float32` is the exact mode.
-    """
-    from rest_lsp.engine.calibration import native_bf16
-    from rest_lsp.engine.lean_llama import fp16_packs
-
-    if dtype in (None, "", "auto"):
-        if gguf and device.type == "cpu" and not native_bf16() and fp16_packs(torch.float32, device):
-            return "fp16", None
-        return None, None
-    if dtype != FP16_WEIGHTS:
-        return None, None
-    if fp16_packs(torch.float32, device):
-        return "fp16", None
-    return None, (f"float16-weights runs on a CPU with a torch built with fbgemm, not on {device}: rest-lsp runs "
-                  "the model in float32 instead.")
-
-
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     if dtype in (None, "", "auto") and os.environ.get(DTYPE_ENV):
         dtype = os.environ[DTYPE_ENV]  # the user's default, or the tests' second pass: as if asked for
-    dev = pick_device(device)
-    dt, dtype_note = pick_dtype("float32" if dtype == FP16_WEIGHTS else dtype, dev)
-    packing, note = None, None
-    if dt == torch.float32:  # float16-weights computes in fp32; a bf16 or fp16 model keeps its own weights
-        packing, note = pick_weight_packing(dtype, dev, gguf=_resolve(spec)[1] is not None)
-    note = note or dtype_note
-    if note:
+    mode = decide(device, dtype, gguf=_resolve(spec)[1] is not None)
+    for note in mode.notes:
         log.warning(note)
-    model, tok = _load(spec, dt)
-    model.to(dev).eval()
+    model, tok = _load(spec, mode.dtype)
+    model.to(mode.device).eval()
     saved_tokenizer.keep(spec, tok)
     tokenizer = Tokenizer(tok)
-    return LoadedModel(model=model, tokenizer=tokenizer, device=dev, dtype=dt, name=spec or DEFAULT_MODEL,
-                       notes=[note] if note else [], packing=packing)
+    return LoadedModel(model=model, tokenizer=tokenizer, device=mode.device, dtype=mode.dtype,
+                       name=spec or DEFAULT_MODEL, notes=list(mode.notes), packing=mode.packing)

@@ -50,6 +50,7 @@ from rest_lsp.service.lifecycle import ServingModel, clamped, fit_context, load_
 from rest_lsp.service.pacing import LineBudget, TypingPace
 from rest_lsp.service.prompt import KeptStarts, Prompt, build_prompt
 from rest_lsp.service.scheduling import Completion, Expected, Job, RequestQueue, Ticket
+from rest_lsp.service.counters import ServiceCounters
 from rest_lsp.settings import Settings
 from rest_lsp.service.suggestion_cache import Prefetch, SuggestionCache
 from rest_lsp.service.suggestions import ACCEPT_CONTEXT_CHARS, IncrementalText, ShownSuggestions, whole_characters
@@ -109,28 +110,11 @@ class CompletionService:
         self._threads: list[threading.Thread] = []  # loaders and indexers, joined by close()
         self._shown = ShownSuggestions()
         self._accepted = itertools.count(1)
-        # stats
-        self._served = 0
-        self._decoded = 0
-        self._type_through_count = 0
-        self._cancelled = 0
-        self._gen_tokens = 0
-        self._gen_steps = 0
-        self._decode_ms = 0.0
-        self._draft_ms = 0.0
-        self._last_latency_ms: float | None = None
-        self._prefill_tokens = 0
-        self._prewarm_tokens = 0
-        self._prewarm_chunks = 0
+        self.counters = ServiceCounters()  # what rest-lsp.stats reports (counters.py)
         self._cache = SuggestionCache(settings.suggestion_cache_size)
         self._prefetch = Prefetch()
         self._pace = TypingPace()
         self._clock = time.perf_counter  # the time budget's clock
-        self._cache_hits = 0
-        self._prefetched = 0
-        self._prefetch_hits = 0
-        self._prefetch_cancelled = 0
-        self._guessed = 0  # suggestions computed at the last change before any request
         # each document's prompt window start, moved by requests only (prompt.KeptStarts): warm-ups, guesses and
         # the request at one place build the same prompt, and so do two servers given the same requests
         self._starts = KeptStarts(PROMPT_STARTS)
@@ -386,18 +370,18 @@ class CompletionService:
             return True, None
         prefetched = self._prefetch.serve(job.doc_id, job.before, job.after)
         if prefetched is not None:
-            self._prefetch_hits += 1
+            self.counters.prefetch_hits += 1
             if not prefetched:
                 self._pace.answered()
                 return True, None
             return True, self._serve(job, prefetched, "prefetch")
         found = self._shown.typed_through(job)
         if found is not None:
-            self._type_through_count += 1
+            self.counters.type_through += 1
             return True, self._serve(job, found[1], "type-through", found[0])
         cached = self._cache.match(job.before, job.after)
         if cached is not None:
-            self._cache_hits += 1
+            self.counters.cache_hits += 1
             return True, self._serve(job, cached, "cache")
         self._prefetch.drop_wishes()  # they follow the last answer; a request that needs decoding makes them stale
         return False, None
@@ -410,10 +394,10 @@ class CompletionService:
             self._cache.put(job.before, job.after, text)
         if self.settings.prefetch:
             self._prefetch.want(job.doc_id, job.before, job.after, text)
-        self._served += 1
+        self.counters.completions_served += 1
         self._pace.answered()
         latency = (time.perf_counter() - job.submitted) * 1e3
-        self._last_latency_ms = latency
+        self.counters.last_latency_ms = latency
         return Completion(text, shown.id, tokens, steps, latency, source)
 
     def _idle_job(self) -> Job | None:
@@ -436,7 +420,7 @@ class CompletionService:
 
     def _count_cancelled(self) -> None:
         with self._lock:
-            self._cancelled += 1
+            self.counters.cancelled += 1
 
     def _completion_failed(self, err: Exception) -> None:
         self._report("warning", f"rest-lsp: a completion failed: {err}")
@@ -495,12 +479,12 @@ class CompletionService:
             if wanted():
                 return True
             with self._lock:
-                self._prewarm_chunks += 1
+                self.counters.prewarm_chunks += 1
             return False
 
         computed = model.decoder.prefill(ids, stop=stop, chunk=PREWARM_CHUNK, leave=leave)
         with self._lock:
-            self._prewarm_tokens += computed
+            self.counters.prewarm_tokens += computed
         return bool(leave) and not model.decoder.holds(ids) and not wanted()
 
     def _complete(self, job: Job) -> Completion | None:
@@ -551,29 +535,29 @@ class CompletionService:
         model.outputs.add(prompt.ids[-OUTPUT_CONTEXT_TOKENS:], result.tokens)
         if job.cancelled():
             with self._lock:
-                self._prefill_tokens += result.prefill_tokens
+                self.counters.prefill_tokens += result.prefill_tokens
                 if job.speculative:
-                    self._prefetch_cancelled += 1
+                    self.counters.prefetch_cancelled += 1
                 else:
-                    self._cancelled += 1
+                    self.counters.cancelled += 1
             return None
         tokens = whole_characters(tokenizer.decode, _until_stop(result.tokens, stop_ids))
         text = budget.cut(finish_text(tokenizer.decode(tokens), ctx))
         with self._lock:
-            self._prefill_tokens += result.prefill_tokens
+            self.counters.prefill_tokens += result.prefill_tokens
             parked = job.speculative and not job.has_waiters()
             if not parked:  # the running totals measure the decoding of requests (clients take differences)
-                self._gen_tokens += len(result.tokens)
-                self._gen_steps += result.steps
-                self._decode_ms += result.decode_ms
-                self._draft_ms += result.draft_ms
+                self.counters.generated_tokens += len(result.tokens)
+                self.counters.decode_steps += result.steps
+                self.counters.decode_ms += result.decode_ms
+                self.counters.draft_ms += result.draft_ms
             if job.guess:
-                self._guessed += 1
+                self.counters.guessed += 1
             elif job.speculative:
-                self._prefetched += 1
+                self.counters.prefetched += 1
             else:
-                self._decoded += 1
-            save = (self._decoded + self._prefetched) % SAVE_ACCEPTANCE_EVERY == 0
+                self.counters.completions_decoded += 1
+            save = (self.counters.completions_decoded + self.counters.prefetched) % SAVE_ACCEPTANCE_EVERY == 0
             if parked:
                 # nobody asked yet: put it aside for the request that accepting the shown suggestion brings
                 job.parked = True
@@ -581,11 +565,11 @@ class CompletionService:
                 answer = None
             elif text:
                 if job.speculative:
-                    self._prefetch_hits += 1  # a request came while it ran, and shared it
+                    self.counters.prefetch_hits += 1  # a request came while it ran, and shared it
                 source = "prefetch" if job.speculative else "model"
                 answer = self._serve(job, text, source, tokens=len(result.tokens), steps=result.steps)
             else:
-                self._last_latency_ms = (time.perf_counter() - job.submitted) * 1e3
+                self.counters.last_latency_ms = (time.perf_counter() - job.submitted) * 1e3
                 self._pace.answered()  # nothing to show is an answer too: the person goes on writing after it
                 answer = None
         if save:
@@ -626,7 +610,7 @@ class CompletionService:
         # the datastore's own lock, not under ours
         store = datastore.stats() if datastore is not None else {"documents": 0, "tokens": 0}
         with self._lock:
-            return {
+            return self.counters.as_stats() | {
                 "model": self._loaded.name if self._loaded is not None else None,
                 # the numerics outputs follow ("float32" is the exact mode) and the forward pass that runs them
                 "dtype": self._decoder.mode if self._decoder is not None else None,
@@ -636,34 +620,12 @@ class CompletionService:
                 "fim": self._model.fim.template.name if self._model is not None and self._model.fim else None,
                 "documents": int(store.get("documents", 0)),
                 "tokens": int(store.get("tokens", 0)),
-                "completions_served": self._served,
-                "completions_decoded": self._decoded,
-                "type_through": self._type_through_count,
-                "cache_hits": self._cache_hits,
                 "cache_entries": len(self._cache),
-                "prefetched": self._prefetched,  # prefetches computed in full
-                "prefetch_hits": self._prefetch_hits,
-                "prefetch_cancelled": self._prefetch_cancelled,
-                "guessed": self._guessed,  # suggestions computed in full at the last change, before a request
                 # the debounce at the current pace; a job waits what is left of it since the last change or answer
                 "debounce_ms": self._debounce_s() * 1e3,
-                "cancelled": self._cancelled,
-                "mean_tokens_per_step": self._gen_tokens / self._gen_steps if self._gen_steps else None,
-                "mean_ms_per_token": self._decode_ms / self._gen_tokens if self._gen_tokens else None,
-                # running totals of the decoding that requests waited for (prefetches put aside are left out),
-                # so that a client can measure an interval by differences
-                "generated_tokens": self._gen_tokens,
-                "decode_steps": self._gen_steps,
-                "decode_ms": self._decode_ms,
-                "draft_ms": self._draft_ms,
                 "draft_sources": [] if self.settings.draft_budget <= 0 else [
                     n for n in SOURCE_NAMES if n not in self.settings.draft_exclude],
                 "acceptance_observations": self._decoder.acceptance.observations if self._decoder else 0,
-                "last_latency_ms": self._last_latency_ms,
-                # prompt tokens computed for requests, and ahead of them while idle
-                "prefill_tokens": self._prefill_tokens,
-                "prewarm_tokens": self._prewarm_tokens,
-                "prewarm_chunks": self._prewarm_chunks,
                 "document_caches": len(self._model.documents.kept()) if self._model is not None else 0,
                 "document_cache_bytes": self._model.documents.kept_bytes if self._model is not None else 0,
             }

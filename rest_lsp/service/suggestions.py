@@ -6,13 +6,19 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterator
-
-from rest_lsp.service.scheduling import Job
+from typing import Callable, Iterator, Protocol
 
 TYPE_THROUGH_ENTRIES = 8
 ACCEPT_CONTEXT_CHARS = 256  # text before an accepted completion stored with it, so drafts match where it goes
 DECODE_OVERLAP = 4  # ids decoded again before the new ones, for tokenizers whose text depends on the neighbours
+
+
+class Place(Protocol):
+    """Where a suggestion goes: a document and the text on either side of the cursor (a scheduling Job is one)."""
+
+    doc_id: str
+    before: str
+    after: str
 
 
 @dataclass(frozen=True)
@@ -33,21 +39,21 @@ class Shown:
     text: str
 
     @classmethod
-    def of(cls, id: int, job: Job, text: str) -> "Shown":
-        return cls(id, job.doc_id, len(job.before), hash(job.before), job.before[-ACCEPT_CONTEXT_CHARS:],
-                   len(job.after), hash(job.after), text)
+    def of(cls, id: int, place: Place, text: str) -> "Shown":
+        return cls(id, place.doc_id, len(place.before), hash(place.before), place.before[-ACCEPT_CONTEXT_CHARS:],
+                   len(place.after), hash(place.after), text)
 
-    def typed_over(self, job: Job) -> str | None:
-        """What the user typed since this was shown, when the job's text is this one's with it typed at the
+    def typed_over(self, place: Place) -> str | None:
+        """What the user typed since this was shown, when the place's text is this one's with it typed at the
         cursor; else None."""
-        if job.doc_id != self.doc_id or len(job.after) != self.after_len or len(job.before) < self.before_len:
+        if place.doc_id != self.doc_id or len(place.after) != self.after_len or len(place.before) < self.before_len:
             return None
-        shown_before = job.before[: self.before_len]
+        shown_before = place.before[: self.before_len]
         if not shown_before.endswith(self.before_tail) or hash(shown_before) != self.before_hash:
             return None
-        if hash(job.after) != self.after_hash:
+        if hash(place.after) != self.after_hash:
             return None
-        return job.before[self.before_len:]
+        return place.before[self.before_len:]
 
 
 class ShownSuggestions:
@@ -56,16 +62,24 @@ class ShownSuggestions:
     def __init__(self) -> None:
         self._entries: deque[Shown] = deque(maxlen=TYPE_THROUGH_ENTRIES)
         self._ids = itertools.count(1)
+        self._retired = 0  # suggestions with ids up to this one are kept for acceptance only, not typed through
 
-    def add(self, job: Job, text: str) -> Shown:
-        shown = Shown.of(next(self._ids), job, text)
+    def retire(self) -> None:
+        """The model or a setting that shapes suggestions changed: what was shown so far is not typed through."""
+        if self._entries:
+            self._retired = self._entries[-1].id
+
+    def add(self, place: Place, text: str) -> Shown:
+        shown = Shown.of(next(self._ids), place, text)
         self._entries.append(shown)
         return shown
 
-    def typed_through(self, job: Job) -> tuple[Shown, str] | None:
-        """(the suggestion, its rest) when the user typed the start of a suggestion shown at the job's cursor."""
+    def typed_through(self, place: Place) -> tuple[Shown, str] | None:
+        """(the suggestion, its rest) when the user typed the start of a suggestion shown at the place's cursor."""
         for shown in reversed(self._entries):
-            typed = shown.typed_over(job)
+            if shown.id <= self._retired:
+                break
+            typed = shown.typed_over(place)
             if typed and shown.text.startswith(typed) and shown.text[len(typed):].strip():
                 return shown, shown.text[len(typed):]
         return None

@@ -1,3 +1,4 @@
+import dataclasses
 import random
 
 import pytest
@@ -101,13 +102,15 @@ def test_fit_to_cost_keeps_the_prefix_that_pays_for_itself():
 def test_the_head_is_batched_when_the_walk_likely_passes_the_root_and_a_row_costs_little():
     """oneDNN's packed head computes 8 rows for 1.4x one row, MKL's for 2.4x: a walk expected to visit 1.7 nodes
     gets one batched call on the packed engine (the likeliest nodes, root first), single calls elsewhere."""
-    from rest_lsp.engine.decoding import HEAD_BATCH_FROM, HEAD_BATCH_FROM_PACKED, likely_nodes
+    from rest_lsp.engine.decoding import likely_nodes
+    from rest_lsp.engine.runmode import PACKINGS
 
     tree = DraftTree([1, 2, 3, 4], [-1, 0, 1, 0], [0, 1, 2, 1], shares=(1.0, 0.5, 0.1, 0.1))  # 1.7 visited expected
-    assert likely_nodes(tree, HEAD_BATCH_FROM_PACKED) == [0, 1, 2, 3]
-    assert likely_nodes(tree, HEAD_BATCH_FROM) == []
+    packed, mkl = PACKINGS["onednn"], PACKINGS["none"]
+    assert likely_nodes(tree, packed.head_batch_from, packed.head_batch) == [0, 1, 2, 3]
+    assert likely_nodes(tree, mkl.head_batch_from, mkl.head_batch) == []
     alone = DraftTree([1, 2], [-1, 0], [0, 1], shares=(1.0, 0.3))  # 1.3 expected: the root's row alone pays
-    assert likely_nodes(alone, HEAD_BATCH_FROM_PACKED) == []
+    assert likely_nodes(alone, packed.head_batch_from, packed.head_batch) == []
 
 
 def test_a_node_the_walk_reaches_outside_the_batch_brings_the_likeliest_nodes_below_it():
@@ -126,7 +129,8 @@ def test_a_node_the_walk_reaches_outside_the_batch_brings_the_likeliest_nodes_be
     assert below(tree, 5, 3, {}) == [6] and below(tree, 3, 3, {}) == [] and below(tree, 0, 0, {}) == []
 
     decoder = Decoder(tiny_model("llama"))
-    decoder.miss_rows, decoder.head_batch_from = 3, 100.0  # no batched call up front: every row is a miss
+    # no batched call up front: every row is a miss
+    decoder.run = dataclasses.replace(decoder.run, miss_rows=3, head_batch_from=100.0)
     calls = []
     real = decoder.logits
     decoder.logits = lambda h: calls.append(h.shape[0]) or real(h)

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from rest_lsp.engine import calibration
-from rest_lsp.engine.calibration import Interrupted, cache_file, calibration_key, relative_curve, runnable_dtype
-from rest_lsp.engine.decoding import (CPU_STEP_COST, PACKED_CPU_STEP_COST, PANEL_CPU_STEP_COST, DecodeConfig, Decoder,
-                               cost_curve)
+from rest_lsp.engine import runmode
+from rest_lsp.engine.calibration import Interrupted, cache_file, calibration_key, relative_curve
+from rest_lsp.engine.runmode import runnable_dtype
+from rest_lsp.engine.decoding import DecodeConfig, Decoder
+from rest_lsp.engine.runmode import PACKINGS, cost_curve
 from rest_lsp.drafting.draft_tree import DraftTree, fit_to_cost
 from rest_lsp.drafting.drafts import Proposal
 
@@ -278,7 +280,7 @@ def test_bfloat16_stays_where_the_cpu_has_it(flags, capability):
 
 
 def test_bf16_flags_without_avx512_dispatch_are_not_native():
-    assert not calibration.native_bf16(X86_BF16, capability="AVX2")
+    assert not runmode.native_bf16(X86_BF16, capability="AVX2")
 
 
 def test_float16_on_a_cpu_without_it_falls_back_and_names_bfloat16_when_that_is_native():
@@ -293,7 +295,7 @@ def test_loading_a_model_in_a_dtype_this_cpu_only_emulates_falls_back_with_one_s
     from rest_lsp.engine.model import load_model
 
     monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(calibration, "cpu_flags", lambda cpuinfo=None: set(X86_OLD))
+    monkeypatch.setattr(runmode, "cpu_flags", lambda cpuinfo=None: set(X86_OLD))
     folder = tiny_folder(tmp_path / "m")
     with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.model"):
         loaded = load_model(str(folder), "cpu", "bfloat16")
@@ -305,9 +307,9 @@ def test_loading_a_model_in_a_dtype_this_cpu_only_emulates_falls_back_with_one_s
 
 
 def test_auto_dtype_is_bfloat16_on_a_cpu_that_computes_it(tmp_path, monkeypatch):
-    from rest_lsp.engine.model import pick_dtype
+    from rest_lsp.engine.runmode import pick_dtype
 
-    monkeypatch.setattr(calibration, "cpu_flags", lambda cpuinfo=None: set(X86_AMX))
+    monkeypatch.setattr(runmode, "cpu_flags", lambda cpuinfo=None: set(X86_AMX))
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     assert pick_dtype("auto", CPU) == (torch.bfloat16, None)
     assert pick_dtype("float32", CPU) == (torch.float32, None)  # the exact mode, always
@@ -316,7 +318,7 @@ def test_auto_dtype_is_bfloat16_on_a_cpu_that_computes_it(tmp_path, monkeypatch)
 def test_auto_dtype_is_float32_on_a_gpu():
     """Measured on an H200: the graphed step is no faster in bf16 for the default model, and bf16 changes half the
     completions, so a GPU runs the exact mode unless asked otherwise."""
-    from rest_lsp.engine.model import pick_dtype
+    from rest_lsp.engine.runmode import pick_dtype
 
     assert pick_dtype("auto", torch.device("cuda")) == (torch.float32, None)
 
@@ -335,8 +337,8 @@ def test_a_gpu_without_bfloat16_runs_float16():
 def test_cpu_flags_are_read_from_x86_and_arm_cpuinfo():
     x86 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n"
     arm = "processor\t: 0\nFeatures\t: fp asimd bf16 sve\nCPU implementer\t: 0x41\n"
-    assert calibration.cpu_flags(x86) == {"fpu", "avx2", "avx512_bf16"}
-    assert calibration.cpu_flags(arm) == {"fp", "asimd", "bf16", "sve"}
+    assert runmode.cpu_flags(x86) == {"fpu", "avx2", "avx512_bf16"}
+    assert runmode.cpu_flags(arm) == {"fp", "asimd", "bf16", "sve"}
 
 
 # -- in the background, while idle ---------------------------------------------------------------------------------
@@ -368,7 +370,7 @@ def test_calibrate_when_idle_ends_when_stopped_while_busy(decoder, tmp_path):
     thread.join(30)
     assert not thread.is_alive(), "the calibration thread did not end within 30 s of being stopped"
     assert decoder.calibration is None
-    assert decoder.step_cost in (CPU_STEP_COST, PACKED_CPU_STEP_COST, PANEL_CPU_STEP_COST)
+    assert decoder.step_cost in [row.step_cost for row in PACKINGS.values()]
 
 
 # -- busy cores ----------------------------------------------------------------------------------------------------

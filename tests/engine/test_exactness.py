@@ -8,9 +8,10 @@ from conftest import tiny_model
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-from rest_lsp.engine.decoding import PACKED_CPU_STEP_COST, DecodeConfig, Decoder
+from rest_lsp.engine.decoding import DecodeConfig, Decoder
 from rest_lsp.engine.lean_llama import LeanLlama
 from rest_lsp.engine.model import LoadedModel
+from rest_lsp.engine.runmode import PACKINGS
 from rest_lsp.drafting.acceptance import PRIOR_SCALE, bucket
 from rest_lsp.datastore import Datastore
 from rest_lsp.drafting.drafts import (ContextLookup, DraftMix, KnownStart, NgramDrafts, NoDrafts, OutputStore, Proposal,
@@ -266,7 +267,8 @@ def test_learned_acceptance_follows_what_the_model_accepts(tiny):
     prompt = [rnd.randrange(vocab) for _ in range(16)]
     truth = reference(tiny, prompt, 120)
     decoder = Decoder(tiny)
-    decoder.step_cost = PACKED_CPU_STEP_COST  # a CPU's curve, on any device: a node must earn its cost
+    # a CPU's curve, on any device: a node must earn its cost
+    decoder.run = decoder.run.measured(PACKINGS["onednn"].step_cost)
 
     liar = Oracle("liar", prompt, truth, vocab, ratio=1.0, wrong=True)
     first = decoder.generate(prompt, liar, DecodeConfig(max_new_tokens=40))

@@ -11,7 +11,7 @@ import torch
 
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
 from rest_lsp.engine.lean_llama import LeanLlama, Matmul, fp16_packs, pick_packing
-from rest_lsp.engine.model import FP16_WEIGHTS, pick_weight_packing
+from rest_lsp.engine.runmode import FP16_WEIGHTS, pick_weight_packing
 from rest_lsp.settings import Settings
 from test_exactness import N_NEW, draft_sources
 
@@ -86,16 +86,16 @@ def test_the_default_model_in_float16_weights_drafts_what_it_decodes(default_mod
 def test_a_gguf_model_defaults_to_float16_weights_on_a_cpu_without_bf16(monkeypatch):
     """A GGUF's weights are quantized or half already: by default they run as fp16 copies on a CPU without bf16
     in hardware; a model folder keeps fp32 (the exact mode), and a CPU with bf16 keeps its bf16 default."""
-    from rest_lsp.engine import calibration
+    from rest_lsp.engine import runmode
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(calibration, "native_bf16", lambda *a, **k: False)
+    monkeypatch.setattr(runmode, "native_bf16", lambda *a, **k: False)
     assert pick_weight_packing(None, cpu, gguf=True) == ("fp16", None)
     assert pick_weight_packing("auto", cpu, gguf=True) == ("fp16", None)
     assert pick_weight_packing(None, cpu, gguf=False) == (None, None)
     assert pick_weight_packing("float32", cpu, gguf=True) == (None, None)  # the exact mode, asked for
     assert pick_weight_packing(None, torch.device("cuda"), gguf=True) == (None, None)
-    monkeypatch.setattr(calibration, "native_bf16", lambda *a, **k: True)
+    monkeypatch.setattr(runmode, "native_bf16", lambda *a, **k: True)
     assert pick_weight_packing(None, cpu, gguf=True) == (None, None)
 
 
@@ -124,10 +124,10 @@ def test_lean_engines_over_one_model_keep_their_own_packing(cpu_tiny):
 
 
 def test_the_bundled_gguf_model_loads_in_float16_weights_by_default(monkeypatch):
-    from rest_lsp.engine import calibration
+    from rest_lsp.engine import runmode
     from rest_lsp.engine.model import load_model
 
-    monkeypatch.setattr(calibration, "native_bf16", lambda *a, **k: False)
+    monkeypatch.setattr(runmode, "native_bf16", lambda *a, **k: False)
     loaded = load_model(None, "cpu")
     assert loaded.mode == FP16_WEIGHTS and loaded.dtype == torch.float32 and not loaded.notes
     assert Decoder(loaded).engine == "lean-fp16" and Decoder(loaded).mode == FP16_WEIGHTS

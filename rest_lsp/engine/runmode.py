@@ -1,0 +1,234 @@
+"""How the engine runs here: device, dtype, weight packing and what a step costs, decided once as one frozen value.
+
+`decide` turns what the user asked for (`--device`, `--dtype`, a .gguf or not) into a `RunMode`; `run_mode` gives
+the value a Decoder runs once it knows which packing its model takes. Each packing's row in `PACKINGS` holds the
+constants tree sizing needs until `calibrate()` has measured this machine: the step-cost curve, how many rows the
+LM head takes in one call and from when that call pays, and how many rows a node outside it brings. The curves come
+from benchmarks/bench_tree_cost.py on the reference machines (benchmarks/RESULTS.md, "Step cost").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from rest_lsp.errors import ModelLoadError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# fp32 activations and arithmetic over fp16 copies of the linear weights (CPU, fbgemm): a step streams half the bytes
+# of fp32; the weights round to fp16 once, so it is not the exact mode (README, "float16-weights").
+FP16_WEIGHTS = "float16-weights"
+
+
+def mode_name(dtype: torch.dtype, packing: str | None) -> str:
+    """The numerics outputs depend on: "float32", "bfloat16", "float16" or "float16-weights"."""
+    return FP16_WEIGHTS if packing == "fp16" else str(dtype).removeprefix("torch.")
+
+
+def cost_curve(measured: dict[int, float]) -> list[float]:
+    """Relative step cost for every tree size up to the largest measured one, interpolated linearly:
+    curve[k] = time of a step verifying k tokens / time of a one-token step (curve[0] unused)."""
+    sizes = sorted(measured)
+    curve = [0.0]
+    for k in range(1, sizes[-1] + 1):
+        hi = next(s for s in sizes if s >= k)
+        lo = max((s for s in sizes if s <= k), default=hi)
+        t = 0.0 if hi == lo else (k - lo) / (hi - lo)
+        curve.append(measured[lo] + t * (measured[hi] - measured[lo]))
+    return curve
+
+
+@dataclass(frozen=True)
+class Packing:
+    """What a step costs on one weight packing (a CPU), and how the LM head batches its rows there."""
+
+    step_cost: list[float]  # cost_curve of a step by tokens verified
+    head_batch: int  # the likeliest nodes one batched head call takes
+    head_batch_from: float  # expected visited nodes (1 + expected accepted drafts) from which that call pays
+    miss_rows: int  # rows a node reached outside that call brings (itself and the likeliest below it)
+
+
+# One row per kind of lean_llama.Matmul ("none": the model's own F.linear, also every model the lean engine does
+# not run). The rules behind the head columns: the head reads its whole [V, H] weight per call, so a batch pays once
+# its rows cost little more than one row; panel takes 12 (two tiles of 6), fbgemm's fp16 kernels take rows in blocks
+# of 6, oneDNN packs for 8, MKL's rows cost more (a batch pays only for long expected walks, misses come one by one).
+PACKINGS: dict[str, Packing] = {
+    "panel": Packing(cost_curve({1: 1.0, 2: 1.08, 4: 1.08, 6: 1.09, 8: 1.22, 12: 1.25, 16: 1.45, 32: 2.57,
+                                 64: 4.3}), head_batch=12, head_batch_from=1.1, miss_rows=6),
+    "onednn": Packing(cost_curve({1: 1.0, 2: 1.07, 4: 1.28, 6: 1.43, 8: 1.46, 12: 1.6, 16: 1.98, 32: 2.85,
+                                  64: 4.9}), head_batch=8, head_batch_from=1.4, miss_rows=4),
+    "fp16": Packing(cost_curve({1: 1.0, 2: 1.28, 4: 1.41, 6: 1.64, 8: 2.02, 12: 2.52, 16: 3.06, 32: 5.3,
+                                64: 9.4}), head_batch=6, head_batch_from=1.7, miss_rows=3),
+    "none": Packing(cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.63, 24: 3.01, 32: 3.40,
+                                48: 4.17, 64: 4.93}), head_batch=8, head_batch_from=2.5, miss_rows=1),
+}
+# A GPU verifies a few dozen tokens in about the time of one.
+FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
+
+
+@dataclass(frozen=True)
+class RunMode:
+    """Everything that decides how a decoding step runs and what it costs; replaced whole, never mutated."""
+
+    device: torch.device
+    dtype: torch.dtype
+    packing: str  # a key of PACKINGS
+    step_cost: list[float]
+    head_batch: int
+    head_batch_from: float
+    miss_rows: int
+    notes: tuple[str, ...] = ()  # sentences for the user: what was asked for and could not run here
+
+    @property
+    def name(self) -> str:
+        return mode_name(self.dtype, self.packing)
+
+    def measured(self, step_cost: list[float]) -> "RunMode":
+        """The same mode with this machine's measured step-cost curve."""
+        return replace(self, step_cost=step_cost)
+
+
+def run_mode(device: torch.device, dtype: torch.dtype, packing: str | None, notes: tuple[str, ...] = ()) -> RunMode:
+    """The mode of a decoder whose weights run on `packing` (None or unknown: the model's own matmuls)."""
+    row = PACKINGS.get(packing or "none", PACKINGS["none"])
+    cost = FLAT_STEP_COST if device.type == "cuda" else row.step_cost
+    return RunMode(device, dtype, packing or "none", cost, row.head_batch, row.head_batch_from, row.miss_rows, notes)
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ModelLoadError(f"Unknown device '{device}': use 'cpu', 'cuda' or 'auto'.") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"Device '{device}' was asked for, but CUDA is not available here; use --device cpu.")
+    return dev
+
+
+def pick_dtype(dtype: str | None, device: torch.device) -> tuple[torch.dtype, str | None]:
+    """(the dtype to run, a sentence for the user when it is not the one asked for).
+
+    auto: bf16 on CPUs that compute it in hardware (AVX512-BF16, AMX), for speed; fp32 elsewhere, where emulated
+    bf16 is slower than fp32, and on GPUs, where a step replayed from CUDA graphs is bound by its kernel count, not
+    its bytes, and bf16 changes greedy completions (benchmarks/RESULTS.md, "GPU"). float32 is the exact mode
+    everywhere.
+    """
+    if dtype in (None, "", "auto"):
+        return (torch.bfloat16 if device.type == "cpu" and native_bf16() else torch.float32), None
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)}, {FP16_WEIGHTS} or 'auto'.")
+    return runnable_dtype(device, DTYPES[dtype])
+
+
+def pick_weight_packing(dtype: str | None, device: torch.device, gguf: bool = False) -> tuple[str | None, str | None]:
+    """(the lean engine's weight packing when it is not the engine's own choice, a sentence for the user when
+    float16-weights cannot run here).
+
+    float16-weights when asked for, and by default for a .gguf model on a CPU that has no bf16 in hardware: a
+    GGUF's weights are quantized (4-8 bits in most files) or half already, so their fp16 copies round far below
+    the quantization's own error, and a step streams half of fp32's bytes. How often its output leaves plain
+    decoding's and fp32's is measured by benchmarks/bench_bf16.py (benchmarks/RESULTS.md). `--dtype float32` is
+    the exact mode.
+    """
+    from rest_lsp.engine.lean_llama import fp16_packs
+
+    if dtype in (None, "", "auto"):
+        if gguf and device.type == "cpu" and not native_bf16() and fp16_packs(torch.float32, device):
+            return "fp16", None
+        return None, None
+    if dtype != FP16_WEIGHTS:
+        return None, None
+    if fp16_packs(torch.float32, device):
+        return "fp16", None
+    return None, (f"float16-weights runs on a CPU with a torch built with fbgemm, not on {device}: rest-lsp runs "
+                  "the model in float32 instead.")
+
+
+def decide(device: str | None, dtype: str | None, gguf: bool = False) -> RunMode:
+    """The mode a model loads and decodes in, from the user's `--device` and `--dtype` (None: the best here)."""
+    from rest_lsp.engine.lean_llama import pick_packing
+
+    dev = pick_device(device)
+    dt, dtype_note = pick_dtype("float32" if dtype == FP16_WEIGHTS else dtype, dev)
+    packing, note = None, None
+    if dt == torch.float32:  # float16-weights computes in fp32; a bf16 or fp16 model keeps its own weights
+        packing, note = pick_weight_packing(dtype, dev, gguf=gguf)
+    notes = tuple(n for n in (note or dtype_note,) if n)
+    return run_mode(dev, dt, packing or pick_packing(None, dt, dev), notes)
+
+
+def cpuinfo_field(name: str, text: str | None = None) -> str:
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+    for line in text.splitlines():
+        field, _, value = line.partition(":")
+        if field.strip() == name:
+            return value.strip()
+    return ""
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (x86 `flags`, ARM `Features`), from /proc/cpuinfo unless given its text."""
+    return set((cpuinfo_field("flags", cpuinfo) or cpuinfo_field("Features", cpuinfo)).split())
+
+
+def native_bf16(flags: Iterable[str] | None = None, capability: str | None = None) -> bool:
+    """Whether the CPU computes bfloat16 in hardware (AVX512-BF16, AMX-BF16, or ARM's BF16 extension).
+
+    Without it torch converts every bf16 operand to fp32 and back: slower than fp32 (benchmarks/bench_bf16.py).
+    `capability` is torch's CPU dispatch level; an x86 CPU
+    that torch does not run at AVX512 (e.g. ATEN_CPU_CAPABILITY=avx2) does not use those instructions.
+    """
+    flags = cpu_flags() if flags is None else set(flags)
+    if capability is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+    if flags & {"avx512_bf16", "amx_bf16"}:
+        return capability.upper().startswith(("AVX512", "AMX"))
+    return "bf16" in flags  # aarch64 (Graviton 3, Neoverse V1/V2, Apple M2+ report it here on Linux)
+
+
+def native_fp16(flags: Iterable[str] | None = None) -> bool:
+    """Whether the CPU computes float16 in hardware (AVX512-FP16, AMX-FP16, or ARM's FP16 arithmetic)."""
+    flags = cpu_flags() if flags is None else set(flags)
+    return bool(flags & {"avx512_fp16", "amx_fp16", "asimdhp"})
+
+
+def runnable_dtype(
+    device: torch.device,
+    wanted: torch.dtype,
+    flags: Iterable[str] | None = None,
+    capability: str | None = None,
+    cuda_bf16: bool | None = None,
+) -> tuple[torch.dtype, str | None]:
+    """(the dtype to run, a sentence for the user when it is not `wanted`).
+
+    A half dtype the hardware only emulates is slower than float32 and less exact, so float32 replaces it on a CPU;
+    a GPU without bfloat16 (before Ampere) runs float16 instead. `flags`, `capability` and `cuda_bf16` default to
+    this machine's.
+    """
+    if device.type == "cuda":
+        if wanted == torch.bfloat16:
+            ok = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16
+            if not ok:
+                return torch.float16, ("This GPU has no bfloat16 support, so rest-lsp runs the model in float16 "
+                                       "instead.")
+        return wanted, None
+    if device.type != "cpu":
+        return wanted, None
+    flags = cpu_flags() if flags is None else set(flags)
+    if wanted == torch.bfloat16 and not native_bf16(flags, capability):
+        return torch.float32, ("This CPU has no native bfloat16 (AVX512-BF16 or AMX), so rest-lsp runs the model "
+                               "in float32 instead: emulated bfloat16 would be slower.")
+    if wanted == torch.float16 and not native_fp16(flags):
+        hint = " (--dtype bfloat16 is native here)" if native_bf16(flags, capability) else ""
+        return torch.float32, ("This CPU has no native float16, so rest-lsp runs the model in float32 instead"
+                               f"{hint}: emulated float16 would be slower.")
+    return wanted, None
