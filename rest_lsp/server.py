@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from urllib.parse import unquote
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcContentModified
+from pygls.exceptions import JsonRpcContentModified, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument, Workspace
@@ -30,7 +30,8 @@ from pygls.workspace import TextDocument, Workspace
 from rest_lsp import __version__, tcp
 from rest_lsp import settings as settings_module
 from rest_lsp.admission import OnceInitializedProtocol
-from rest_lsp.service.completion import Completion, CompletionService
+from rest_lsp.positions import characters, last_line, line_bounds, offset_at, units
+from rest_lsp.service.completion import BadText, Completion, CompletionService
 from rest_lsp.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,13 @@ class LspTextDocument(TextDocument):
     @property
     def lines(self) -> list[str]:
         return lsp_lines(self.source)
+
+    def _apply_incremental_change(self, change: types.TextDocumentContentChangePartial) -> None:
+        """The edit by offsets (positions.py): pygls' own walks every character of the lines it touches."""
+        source, encoding = self.source, self.position_codec.encoding
+        start = offset_at(source, change.range.start.line, change.range.start.character, encoding)
+        end = max(start, offset_at(source, change.range.end.line, change.range.end.character, encoding))
+        self._source = source[:start] + change.text + source[end:]
 
 
 class LspWorkspace(Workspace):
@@ -157,21 +165,17 @@ def _cursor(ls: RestLanguageServer, uri: str, position: types.Position) -> tuple
     doc = ls.workspace.text_documents.get(unquote(uri))
     if doc is None:
         return None
-    text = doc.source
-    lines = lsp_lines(text)
-    if position.line >= len(lines):
-        if not lines:
-            return text, 0, types.Position(line=0, character=0)
-        last = lines[-1].rstrip("\r\n")
-        if lines[-1] != last:  # the text ends with a line break: the end is the start of an empty line
-            return text, len(text), types.Position(line=len(lines), character=0)
-        units = doc.position_codec.client_num_units(last)
-        return text, len(text), types.Position(line=len(lines) - 1, character=units)
-    content = lines[position.line].rstrip("\r\n")
-    clamped = types.Position(line=position.line,
-                             character=min(position.character, doc.position_codec.client_num_units(content)))
-    server_pos = doc.position_codec.position_from_client_units(lines, types.Position(clamped.line, clamped.character))
-    return text, sum(len(line) for line in lines[: server_pos.line]) + server_pos.character, clamped
+    text, encoding = doc.source, doc.position_codec.encoding
+    bounds = line_bounds(text, position.line)
+    if bounds is None:  # past the last line: the end of the text
+        line = last_line(text)
+        start, end = line_bounds(text, line)
+        return text, len(text), types.Position(line=line, character=units(text[start:end], encoding))
+    start, end = bounds
+    content = text[start:end]
+    character = min(position.character, units(content, encoding))
+    return (text, start + characters(content, character, encoding),
+            types.Position(line=position.line, character=character))
 
 
 def _changed_at(ls: RestLanguageServer, uri: str, params) -> int | None:
@@ -194,7 +198,10 @@ async def _complete(ls: RestLanguageServer, uri: str, position: types.Position):
     text, offset, pos = found
     doc = ls.workspace.text_documents.get(unquote(uri))
     version = doc.version
-    ticket = ls.service.submit(uri, text, offset)
+    try:
+        ticket = ls.service.submit(uri, text, offset)
+    except BadText as err:  # this request fails with its sentence; the document's next ones do not
+        raise JsonRpcInvalidParams(str(err)) from None
     try:
         completion = await asyncio.wrap_future(ticket.future)
     except asyncio.CancelledError:
@@ -320,6 +327,7 @@ def create_server(settings: Settings | None = None, remote: tuple[str, str] | No
     def did_close(ls: RestLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
         if ls.service is not None:
             ls.service.close_buffer(_doc_id(params.text_document.uri))
+            ls.service.close_document(params.text_document.uri)  # its KV cache, prompt start and suggestions
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: RestLanguageServer, params: types.InlineCompletionParams):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -52,7 +53,7 @@ from rest_lsp.service.prompt import KeptStarts, Prompt, build_prompt
 from rest_lsp.service.scheduling import Completion, Expected, Job, RequestQueue, Ticket
 from rest_lsp.service.counters import ServiceCounters
 from rest_lsp.settings import Settings
-from rest_lsp.service.suggestion_cache import Prefetch, SuggestionCache
+from rest_lsp.service.suggestion_cache import Prefetch, SuggestionCache, text_settings
 from rest_lsp.service.suggestions import ACCEPT_CONTEXT_CHARS, IncrementalText, ShownSuggestions, whole_characters
 
 __all__ = ["Completion", "CompletionService", "NoEvents", "ServiceEvents", "Ticket", "finish_text"]
@@ -67,6 +68,20 @@ LOADER_THREAD = "rest-lsp-loader"  # close() may leave it running (wait_for_load
 PREWARM_CHUNK = 64
 # Documents whose prompt window start is kept (the most recently prompted): more are rarely typed in by turns.
 PROMPT_STARTS = 16
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str these are lone: a pair is one character
+
+
+class BadText(ValueError):
+    """A document text no prompt can be built from; str(err) is one sentence for the user."""
+
+
+def check_text(text: str) -> None:
+    """Raise BadText for text the tokenizer refuses (a lone surrogate: valid JSON, not valid Unicode)."""
+    found = None if text.isascii() else _SURROGATE.search(text)
+    if found is not None:
+        line = text.count("\n", 0, found.start()) + 1
+        raise BadText(f"rest-lsp: line {line} holds a lone surrogate (U+{ord(found.group()):04X}), which is not valid "
+                      "Unicode; no completion until it is removed.")
 
 
 class ServiceEvents(Protocol):
@@ -109,6 +124,7 @@ class CompletionService:
         self._closed = False
         self._threads: list[threading.Thread] = []  # loaders and indexers, joined by close()
         self._shown = ShownSuggestions()
+        self._epoch = 0  # bumped when the model or a setting that shapes suggestions changes: older ones are stale
         self._accepted = itertools.count(1)
         self.counters = ServiceCounters()  # what rest-lsp.stats reports (counters.py)
         self._cache = SuggestionCache(settings.suggestion_cache_size)
@@ -213,8 +229,7 @@ class CompletionService:
             if self._feed.datastore is None or old_key != model.tokenizer_key:
                 replaced, retired = self._feed.reset()
             self.load_error = None
-            self._cache.clear()  # the old model's suggestions
-            self._prefetch.forget()
+            self._stale_suggestions()  # the old model's
             self._ready.set()
         if old is not None:
             old.save_acceptance()  # what the replaced model learned
@@ -260,6 +275,8 @@ class CompletionService:
             if settings.model_key == old.model_key and self._model is not None:  # a new model: when it has loaded
                 settings, refused = fit_context(settings, old, self._model.max_context)
             self.settings = settings
+            if text_settings(settings) != text_settings(old):
+                self._stale_suggestions()
             self._cache.resize(settings.suggestion_cache_size)
             if not settings.prefetch:
                 self._prefetch.forget()
@@ -272,6 +289,13 @@ class CompletionService:
             self._start_loading()
         if workspace_key(old) != workspace_key(settings):
             self._feed.restart_indexing()
+
+    def _stale_suggestions(self) -> None:
+        """(under the lock) Nothing computed so far is served again: cached, prefetched, typed through, or decoding."""
+        self._epoch += 1
+        self._cache.clear()
+        self._prefetch.forget()
+        self._shown.retire()
 
     def close(self, timeout: float = 10.0, wait_for_loads: bool = True) -> None:
         """Stop all work and wait (up to `timeout` per thread) for it to end: the worker, the buffer feeder, and
@@ -310,14 +334,28 @@ class CompletionService:
     def close_buffer(self, doc_id: str) -> None:
         self._feed.close_buffer(doc_id)
 
+    def close_document(self, doc_id: str) -> None:
+        """The editor closed the document (`doc_id` as in `submit`): its work stops, and what is kept for it goes:
+        its KV cache, its prompt window start, its cached and prefetched suggestions."""
+        self._requests.cancel(doc_id)
+        with self._lock:
+            model = self._model
+            self._cache.forget(doc_id)
+            self._prefetch.forget_document(doc_id)
+        self._starts.forget(doc_id)
+        if model is not None:
+            model.documents.forget(doc_id)
+
     # -- completions -----------------------------------------------------------------------------------------
     def submit(self, doc_id: str, text: str, offset: int) -> Ticket:
         """Ask for a completion at character `offset` of `text`; cancels the document's previous request, unless
         that one is for the identical text and cursor: then both share its computation."""
         offset = max(0, min(offset, len(text)))
+        check_text(text)  # before anything keeps it: a text no prompt can be built from fails this request only
         with self._lock:
             model, s = self._model, self.settings
         if model is not None:
+            model.documents.opened(doc_id)
             self._starts.asked(doc_id, text[:offset], text[offset:], self._prompt_maker(model, s))
         ticket = self._requests.submit(doc_id, text[:offset], text[offset:], self._answer_now)
         # the next one likely comes here again: keep its prompt warm (its answer is known, or nothing to show)
@@ -328,8 +366,15 @@ class CompletionService:
         """The document changed at character `offset`: the next request will likely come there, so its prompt is
         prefilled while the decoder is idle (never delaying a request by more than one small chunk)."""
         offset = max(0, min(offset, len(text)))
+        try:
+            check_text(text)
+        except BadText:  # its request will say so
+            return
         with self._lock:
+            model = self._model
             self._prefetch.keep_wishes_after(doc_id, text[:offset], text[offset:])
+        if model is not None:
+            model.documents.opened(doc_id)  # edited: open
         self._requests.expect(doc_id, text[:offset], text[offset:])
 
     def moved(self, doc_id: str, text: str, offset: int) -> bool:
@@ -338,6 +383,10 @@ class CompletionService:
         as after an edit. Nothing happens at the place last expected (that of the last edit, or of a request just
         answered): its work is done or under way. True when the place was new."""
         offset = max(0, min(offset, len(text)))
+        try:
+            check_text(text)
+        except BadText:  # its request will say so
+            return False
         before, after = text[:offset], text[offset:]
 
         def keep_wishes() -> None:
@@ -379,7 +428,7 @@ class CompletionService:
         if found is not None:
             self.counters.type_through += 1
             return True, self._serve(job, found[1], "type-through", found[0])
-        cached = self._cache.match(job.before, job.after)
+        cached = self._cache.match(job.doc_id, job.before, job.after)
         if cached is not None:
             self.counters.cache_hits += 1
             return True, self._serve(job, cached, "cache")
@@ -391,7 +440,7 @@ class CompletionService:
         one that follows accepting it becomes the next prefetch."""
         if shown is None:
             shown = self._shown.add(job, text)
-            self._cache.put(job.before, job.after, text)
+            self._cache.put(job.doc_id, job.before, job.after, text)
         if self.settings.prefetch:
             self._prefetch.want(job.doc_id, job.before, job.after, text)
         self.counters.completions_served += 1
@@ -414,7 +463,7 @@ class CompletionService:
             return None
         if self._prefetch.has(expected.doc_id, expected.before, expected.after):
             return None
-        if self._cache.match(expected.before, expected.after) is not None:
+        if self._cache.match(expected.doc_id, expected.before, expected.after) is not None:
             return None
         return Job(expected.doc_id, expected.before, expected.after, guess=True, at_once=at_once)
 
@@ -491,7 +540,7 @@ class CompletionService:
         from rest_lsp.engine.decoding import DecodeConfig
 
         with self._lock:  # one consistent model: a switch meanwhile must not mix tokenizers
-            model, datastore, s = self._model, self._datastore, self.settings
+            model, datastore, s, epoch = self._model, self._datastore, self.settings, self._epoch
         loaded, decoder, fim, stop_ids = model.loaded, model.decoder, model.fim, model.stop_ids
         config = DecodeConfig(max_new_tokens=s.max_new_tokens, budget=s.draft_budget)
         prompt = self._prompt(model, s, job.doc_id, job.before, job.after)
@@ -545,6 +594,8 @@ class CompletionService:
         text = budget.cut(finish_text(tokenizer.decode(tokens), ctx))
         with self._lock:
             self.counters.prefill_tokens += result.prefill_tokens
+            if epoch != self._epoch:  # the model or a setting changed while it decoded: neither served nor kept
+                return None
             parked = job.speculative and not job.has_waiters()
             if not parked:  # the running totals measure the decoding of requests (clients take differences)
                 self.counters.generated_tokens += len(result.tokens)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+CLOSED_NOTED = 256  # closed documents remembered as closed (work for one may still come after its close)
+
 
 class DocumentCaches:
     def __init__(self):
@@ -21,6 +23,8 @@ class DocumentCaches:
         self._kept: OrderedDict[str, object] = OrderedDict()  # doc id -> decoding.CacheState, oldest first
         self._limit = 0
         self._current: str | None = None  # the document whose cache the decoder holds
+        # documents closed and not opened since (the most recent CLOSED_NOTED): their caches are never kept
+        self._closed: OrderedDict[str, None] = OrderedDict()
         self.switches = 0
         self.restored = 0  # switches that found the document's cache kept
 
@@ -33,7 +37,8 @@ class DocumentCaches:
             if doc_id == self._current:
                 return
             self.switches += 1
-            keep = self._current is not None and 0 < decoder.cache_bytes() <= self._limit
+            keep = (self._current is not None and self._current not in self._closed
+                    and 0 < decoder.cache_bytes() <= self._limit)
             state = self._kept.pop(doc_id, None)
             if keep:
                 self._kept[self._current] = decoder.detach_cache()
@@ -45,9 +50,20 @@ class DocumentCaches:
         # else the decoder goes on from the cache it holds (or an empty one): its common prefix still counts
 
     def forget(self, doc_id: str) -> None:
-        """The document closed: its kept cache goes (the decoder's own stays until the next switch)."""
+        """The document closed: its kept cache goes, and none is kept for it until it is `opened` again (work for it
+        still under way may use the decoder's cache: it serves as a common prefix, as any cache does)."""
         with self._lock:
             self._kept.pop(doc_id, None)
+            self._closed[doc_id] = None
+            self._closed.move_to_end(doc_id)
+            while len(self._closed) > CLOSED_NOTED:
+                self._closed.popitem(last=False)
+
+    def opened(self, doc_id: str) -> None:
+        """The document is asked for or edited: open (again)."""
+        if doc_id in self._closed:
+            with self._lock:
+                self._closed.pop(doc_id, None)
 
     @property
     def kept_bytes(self) -> int:

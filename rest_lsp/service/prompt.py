@@ -308,6 +308,11 @@ class KeptStarts:
             while len(self._docs) > self._documents:
                 self._docs.popitem(last=False)
 
+    def forget(self, doc_id: str) -> None:
+        """The document closed: its start and the last place asked (a whole text) go."""
+        with self._lock:
+            self._docs.pop(doc_id, None)
+
     def build(self, doc_id: str, before: str, after: str,
               make: Callable[[str, str, int | None], Prompt]) -> Prompt:
         """The prompt for this place, from the document's start (settled first if the last request's is not)."""

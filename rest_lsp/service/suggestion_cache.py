@@ -1,11 +1,10 @@
 """Suggestions kept for later, so that a request can be answered without decoding.
 
 Two stores, with different promises:
-  - `SuggestionCache`: an LRU of suggestions keyed by the text around the cursor (the tail of the prefix, the rest of
-    the cursor line and the next non-blank line), as Tabby, Continue and llama.vim keep one. A request is matched
-    against what was typed since: a user who typed the start of a cached suggestion gets its rest, one who deleted
-    back to an earlier spot gets that spot's suggestion again. The key is the nearby text only, so a hit may come from
-    another version of the document (that is the point: the text around the cursor is what the model looked at most).
+  - `SuggestionCache`: an LRU of suggestions by document and place, as Tabby, Continue and llama.vim keep one. A
+    request is matched against what was typed since: a user who typed the start of a cached suggestion gets its rest,
+    one who deleted back to an earlier spot gets that spot's suggestion again. An entry is for one text of one
+    document (the whole text, since that bounds every prompt window): a hit never comes from another version.
   - `Prefetch`: the suggestions computed ahead, while the user is idle, for the text that accepting the shown
     suggestion makes (and the next line of it). One is served only for exactly that document text and cursor:
     hashes and lengths of the whole prefix and suffix, so it is never returned for another version.
@@ -18,44 +17,44 @@ from dataclasses import dataclass
 
 from rest_lsp.service.postprocess import BLOCK_OPENERS
 
-KEY_PREFIX_CHARS = 256  # prefix characters in a cache key: enough to tell two places of one file apart
-KEY_SUFFIX_CHARS = 4096  # how far the suffix is searched for the next non-blank line (the suffix may be megabytes)
+KEY_PREFIX_CHARS = 256  # prefix characters hashed into a cache key before the whole text is compared
 TYPED_SCAN_CHARS = 128  # how many typed characters a cached suggestion may lie behind the cursor (llama.vim: 128)
 # prefetched suggestions kept: after the accepted text, on the next line, and at the last change (a guess)
 PREFETCH_PLACES = 3
 INDENT_UNIT = "    "  # one level of auto-indent after a block opener, in a file indented with spaces
 
 
-def _suffix_key(after: str) -> tuple[str, str]:
-    """The rest of the cursor line and the next non-blank line: what the stop rules read of the suffix."""
-    nl = after.find("\n")
-    if nl < 0:
-        return after, ""
-    for line in after[nl + 1: nl + 1 + KEY_SUFFIX_CHARS].splitlines():
-        if line.strip():
-            return after[:nl], line
-    return after[:nl], ""
+def text_settings(settings) -> tuple:
+    """The settings a suggestion's text depends on besides the model: a change makes every kept suggestion stale."""
+    return (settings.max_new_tokens, settings.max_lines, settings.context_tokens, settings.suffix_fraction,
+            settings.time_budget_ms, settings.wait_budget_ms, settings.draft_budget, settings.draft_exclude)
 
 
 class SuggestionCache:
-    """A bounded LRU of suggestions by the text around their cursor (the caller serializes access)."""
+    """A bounded LRU of suggestions by document and place (the caller serializes access).
+
+    A suggestion is only ever served for the text it was computed for: the entry holds the document, the cursor's
+    offset, a hash of the KEY_PREFIX_CHARS before it, and length and hash of the whole text on either side (what any
+    prompt window of that place can hold), never the text. An edit anywhere in the document, another document, or
+    the same nearby text elsewhere is a miss."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._entries: OrderedDict[int, str] = OrderedDict()
+        # (doc id, offset, hash of the nearby prefix, suffix length, suffix hash) -> (prefix hash, suggestion)
+        self._entries: OrderedDict[tuple, tuple[int, str]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     @staticmethod
-    def _key(before: str, end: int, suffix_key: tuple[str, str]) -> int:
-        return hash((before[max(0, end - KEY_PREFIX_CHARS): end], suffix_key))
+    def _key(doc_id: str, before: str, end: int, after: str) -> tuple:
+        return doc_id, end, hash(before[max(0, end - KEY_PREFIX_CHARS): end]), len(after), hash(after)
 
-    def put(self, before: str, after: str, text: str) -> None:
+    def put(self, doc_id: str, before: str, after: str, text: str) -> None:
         if self.capacity <= 0 or not text.strip():
             return
-        key = self._key(before, len(before), _suffix_key(after))
-        self._entries[key] = text
+        key = self._key(doc_id, before, len(before), after)
+        self._entries[key] = (hash(before), text)
         self._entries.move_to_end(key)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
@@ -63,24 +62,29 @@ class SuggestionCache:
     def clear(self) -> None:
         self._entries.clear()
 
+    def forget(self, doc_id: str) -> None:
+        """The document closed: its suggestions go."""
+        for key in [k for k in self._entries if k[0] == doc_id]:
+            del self._entries[key]
+
     def resize(self, capacity: int) -> None:
         self.capacity = capacity
         while len(self._entries) > max(0, capacity):
             self._entries.popitem(last=False)
 
-    def match(self, before: str, after: str) -> str | None:
-        """What to show at this cursor: the rest of a suggestion cached here or up to TYPED_SCAN_CHARS characters
-        back, of which the user typed the start; None when nothing (non-blank) is left."""
+    def match(self, doc_id: str, before: str, after: str) -> str | None:
+        """What to show at this cursor: the rest of a suggestion cached for this very text with the cursor here or up
+        to TYPED_SCAN_CHARS characters back, of which the user typed the start; None when nothing (non-blank) is
+        left."""
         if not self._entries:
             return None
-        suffix_key = _suffix_key(after)
         for typed in range(min(TYPED_SCAN_CHARS, len(before)) + 1):
             end = len(before) - typed
-            key = self._key(before, end, suffix_key)
-            text = self._entries.get(key)
-            if text is None or not text.startswith(before[end:]):
+            key = self._key(doc_id, before, end, after)
+            found = self._entries.get(key)
+            if found is None or not found[1].startswith(before[end:]) or found[0] != hash(before[:end]):
                 continue
-            rest = text[typed:]
+            rest = found[1][typed:]
             if rest.strip():
                 self._entries.move_to_end(key)
                 return rest
@@ -144,6 +148,11 @@ class Prefetch:
     def forget(self) -> None:
         self._wanted.clear()
         self._ready.clear()
+
+    def forget_document(self, doc_id: str) -> None:
+        """The document closed: its wishes and prefetched suggestions go."""
+        self._wanted = deque(w for w in self._wanted if w[0] != doc_id)
+        self._ready = {place: text for place, text in self._ready.items() if place.doc_id != doc_id}
 
     def store(self, doc_id: str, before: str, after: str, text: str) -> None:
         self._ready[Place.of(doc_id, before, after)] = text
