@@ -1,7 +1,8 @@
 """`rest-lsp complete FILE:LINE:COL`: one completion, exactly as the server would give it.
 
 The same CompletionService runs (same prompt, drafts, stop rules and post-processing);
-only the editor is missing. LINE and COL are 1-based; COL counts characters.
+only the editor is missing. The file is read as an editor sends it (line breaks kept as they are); LINE and COL are
+1-based, lines end where LSP ends them (\r\n, \r, \n), and COL counts characters.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import time
 from pathlib import Path
 
 from rest_lsp import settings as settings_module
-from rest_lsp.service.completion import CompletionService, NoEvents
+from rest_lsp.positions import last_line, line_bounds
+from rest_lsp.service.completion import BadText, CompletionService, NoEvents
 from rest_lsp.settings import Settings
 
 LOAD_TIMEOUT_S = 600
@@ -46,14 +48,14 @@ def parse_location(location: str) -> tuple[Path, int, int]:
 
 
 def offset_of(text: str, line: int, col: int) -> int:
-    """Character offset of 1-based (line, col); ValueError when it lies outside the text."""
-    lines = text.split("\n")
-    if line > len(lines):
-        raise ValueError(f"Line {line} is past the end of the file ({len(lines)} lines).")
-    content = lines[line - 1].rstrip("\r")
-    if col > len(content) + 1:
-        raise ValueError(f"Column {col} is past the end of line {line} ({len(content)} characters).")
-    return sum(len(x) + 1 for x in lines[: line - 1]) + col - 1
+    """Character offset of 1-based (line, col), lines as LSP counts them; ValueError when it lies outside the text."""
+    bounds = line_bounds(text, line - 1)
+    if bounds is None:
+        raise ValueError(f"Line {line} is past the end of the file ({last_line(text) + 1} lines).")
+    start, end = bounds
+    if col > end - start + 1:
+        raise ValueError(f"Column {col} is past the end of line {line} ({end - start} characters).")
+    return start + col - 1
 
 
 def _reason(err: Exception) -> str:
@@ -72,7 +74,7 @@ def _reason(err: Exception) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         path, line, col = parse_location(args.location)
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")  # as the editor sends it: no newline translation
         offset = offset_of(text, line, col)
     except (ValueError, OSError) as err:
         print(f"rest-lsp complete: cannot use {args.location}: {_reason(err)}", file=sys.stderr)
@@ -91,7 +93,11 @@ def run(args: argparse.Namespace) -> int:
         doc_id = str(path.resolve())
         service.open_buffer(doc_id, text)
         t0 = time.perf_counter()
-        completion = service.submit(doc_id, text, offset).future.result()
+        try:
+            completion = service.submit(doc_id, text, offset).future.result()
+        except BadText as err:
+            print(f"rest-lsp complete: {str(err).removeprefix('rest-lsp: ')}", file=sys.stderr)
+            return 2
         wall_ms = (time.perf_counter() - t0) * 1e3
         if args.json:
             out = {
