@@ -23,6 +23,7 @@ from rest_lsp.engine import saved_tokenizer
 from rest_lsp.errors import ModelLoadError
 from rest_lsp.engine.model_source import DEFAULT_GGUF_NAME, DEFAULT_MODEL, cache_root
 from rest_lsp.engine.model_source import gguf_cache_dir as _gguf_cache_dir
+from rest_lsp.engine.model_source import hub_snapshot
 from rest_lsp.engine.model_source import resolve as _resolve
 from rest_lsp.engine.runmode import decide, mode_name
 
@@ -152,8 +153,26 @@ def _keep_conversion(model, tok, cached: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _local(folder: str, gguf_file: str | None) -> tuple[str, str | None]:
+    """(folder, gguf file) on this machine: a hub id becomes its snapshot folder in the local Hugging Face cache, so
+    transformers reads a folder; given a hub id, huggingface_hub looks the hub up even with local_files_only."""
+    import huggingface_hub.constants
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = True  # rest-lsp never downloads: none of its own fetches either
+    if gguf_file or Path(folder).is_dir():
+        return folder, gguf_file
+    snapshot = hub_snapshot(folder)
+    if snapshot is None:
+        raise ModelLoadError(
+            f"Could not load model '{folder}': it is not in the local Hugging Face cache "
+            f"({huggingface_hub.constants.HF_HUB_CACHE}) and rest-lsp never downloads; fetch it once "
+            f"(`hf download {folder}`) or point --model at a local folder or .gguf file."
+        )
+    return snapshot, None
+
+
 def _load(spec: str | None, dtype: torch.dtype):
-    folder, gguf_file = _resolve(spec)
+    folder, gguf_file = _local(*_resolve(spec))
     shown = spec or DEFAULT_MODEL
     try:
         with _quiet():
@@ -172,7 +191,7 @@ def _load(spec: str | None, dtype: torch.dtype):
 
 
 def load_tokenizer(spec: str | None = None) -> Tokenizer:
-    folder, gguf_file = _resolve(spec)
+    folder, gguf_file = _local(*_resolve(spec))
     try:
         with _quiet():
             from transformers import AutoTokenizer

@@ -57,6 +57,18 @@ def resolve(spec: str | None) -> tuple[str, str | None]:
     return spec, None
 
 
+def hub_snapshot(repo_id: str) -> str | None:
+    """The folder of `repo_id`'s main revision in the local Hugging Face cache (refs/main, read without the
+    network), or None when it is not there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # not a valid repo id
+        return None
+    return str(Path(found).parent) if isinstance(found, str) else None
+
+
 def gguf_cache_dir(folder: str, gguf_file: str) -> Path:
     st = (Path(folder) / gguf_file).stat()
     tag = hashlib.sha256(f"{Path(folder).resolve()}/{gguf_file}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
