@@ -7,8 +7,8 @@ The first decoding step of the process signals `started`, then waits for `releas
 
 - In the test process: `StepGate.in_process(monkeypatch)`, with threading events.
 - In a server subprocess: run this file as the server (`python tests/step_gate.py --stdio`) with
-  REST_LSP_TEST_GATE=<folder>; `started` and `release` are files there, results go to `results.jsonl`
-  (read them with `FileGate`).
+  REST_LSP_TEST_GATE=<folder>; `started` and `release` are files there, results go to `results.jsonl`, and what
+  the service decided for each cursor hint to `moved.jsonl` (read them with `FileGate`).
 """
 
 from __future__ import annotations
@@ -107,6 +107,14 @@ class FileGate:
             return []
         return [json.loads(line) for line in self.results_file.read_text().splitlines()]
 
+    def moves(self) -> list[dict]:
+        """What the server's service decided for each cursor hint, in order: {"doc", "offset", "new"}, where
+        "new" is CompletionService.moved's answer (False: the place last expected, nothing to start)."""
+        path = self.folder / "moved.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
 
 def _serve() -> None:
     gate = FileGate(Path(os.environ[ENV]))
@@ -118,6 +126,18 @@ def _serve() -> None:
             f.write(line + "\n")
 
     StepGate(gate.started, gate.release, record).install()
+
+    from rest_lsp.service.completion import CompletionService
+
+    moved = CompletionService.moved
+
+    def recorded_moved(service, doc_id: str, text: str, offset: int) -> bool:
+        new = moved(service, doc_id, text, offset)
+        with write_lock, (gate.folder / "moved.jsonl").open("a") as f:
+            f.write(json.dumps({"doc": doc_id, "offset": offset, "new": new}) + "\n")
+        return new
+
+    CompletionService.moved = recorded_moved
     sys.argv = ["rest_lsp.server", *sys.argv[1:]]
     runpy.run_module("rest_lsp.server", run_name="__main__", alter_sys=True)
 

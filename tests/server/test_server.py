@@ -29,7 +29,12 @@ async def session(request, tiny_models, tmp_path_factory):
     (root / "util.py").write_text("def frobnicate_widget(count):\n    return count * 7\n")
     options = {"model": str(tiny_models["random"]), "dtype": "float32", "maxNewTokens": MAX_NEW, "debounceMs": 0,
                "cacheDir": str(tmp_path_factory.mktemp("cache"))}
-    client, result = await start(server_command(), root, request.param, options)
+    # the server behind a step gate that never holds a step: it records what the service decided for each cursor
+    # hint (step_gate.py), so that a test sees a hint that started nothing without waiting for nothing to happen
+    gate = FileGate(tmp_path_factory.mktemp("gate"))
+    gate.release.set()
+    client, result = await start(gate.command("--stdio"), root, request.param, options, env=gate.env)
+    client.gate = gate
     stats = await wait_until(lambda: _ready(client))
     assert stats, "the model did not load"
     yield client, result, root, tiny_models["random"]
@@ -168,8 +173,10 @@ async def test_a_cursor_hint_after_opening_has_the_suggestion_ready_before_it_is
     assert served["prefetch_hits"] == ahead["prefetch_hits"] + 1, served  # the guess, without decoding
     assert served["completions_decoded"] == ahead["completions_decoded"]
     # the editor reports the cursor where it just asked: the answer is known, nothing is guessed again
+    decided = len(client.gate.moves())
     _cursor_hint(client, _at(uri, *cursor_at_end(before)))
-    await asyncio.sleep(0.5)
+    moves = await wait_until(_async(lambda: client.gate.moves()[decided:]))
+    assert moves == [{"doc": uri, "offset": len(before), "new": False}], moves
     assert (await command(client, STATS_COMMAND))["guessed"] == served["guessed"]
 
 
@@ -179,12 +186,15 @@ async def test_bad_cursor_hints_are_ignored(session):
     before = "def halve(n):\n    return n // 2\n\nhalf = halve("
     open_doc(client, uri, before + AFTER)
     start = await command(client, STATS_COMMAND)
+    decided = len(client.gate.moves())
     for params in (_at((root / "never-opened.py").as_uri(), 0, 0), _at(uri, 40, 0), _at(uri, 0, 500),
                    _at(uri, -1, 0), {"textDocument": {"uri": uri}}, {"position": {"line": 0, "character": 0}},
                    {"textDocument": {"uri": uri}, "position": {"line": "3", "character": None}}, None, [1, 2]):
         _cursor_hint(client, params)
     _cursor_hint(client, _at(uri, *cursor_at_end(before)))  # still heard after all of them
     await _stats_when(client, lambda s: s["guessed"] > start["guessed"], "the suggestion at the good hint")
+    # none of the bad ones reached the service: the good hint is the only place it was told of
+    assert client.gate.moves()[decided:] == [{"doc": uri, "offset": len(before), "new": True}]
     result = await inline(client, uri, *cursor_at_end(before))
     assert [i.insert_text for i in result.items] == [greedy(model_dir, before, AFTER, MAX_NEW)]
     assert (await command(client, STATS_COMMAND))["ready"]
