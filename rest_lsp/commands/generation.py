@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def default_budget(loaded: LoadedModel) -> int:
-    # A GPU verifies 64 tokens for the price of one; a CPU pays ~1.5x for 16 and ~3x for 64 (measurements.md).
+    # A GPU verifies 64 tokens for about the price of one; a CPU pays more per token (engine/runmode.py, PACKINGS).
     return 64 if loaded.device.type == "cuda" else 16
 
 

@@ -35,7 +35,7 @@ Continuation = tuple[tuple[int, ...], float]
 
 
 class Source(enum.Enum):
-    """Where a document comes from; nearer sources weigh more (see measurements.md)."""
+    """Where a document comes from; nearer sources weigh more (docs/how-it-works.md, the sources)."""
     CURRENT_FILE = 0
     OPEN_BUFFER = 1
     ACCEPTED = 2
@@ -75,8 +75,8 @@ class Datastore:
         self.max_matches = max_matches
         self.continuation_length = continuation_length
         # The decoder keeps ~16 tree nodes: an even sample of 256 occurrences ranks them as well as 1,024 did, and
-        # keeps p99 under 1 ms for short matches at 10M tokens. Building thousands of tuples it will drop costs
-        # milliseconds.
+        # keeps short matches' query time flat at millions of tokens (benchmarks/bench_datastore.py); building
+        # thousands of tuples it will drop is not free.
         self.max_continuations = max_continuations
         self.merge_factor = merge_factor
         w = dict(_DEFAULT_WEIGHTS)
@@ -411,7 +411,7 @@ def _reversed_ids(context: Sequence[int]) -> list[int] | None:
     above: no document holds one, so nothing before it can match); None if nothing is left or the context
     holds anything but integers."""
     if type(context) is list or type(context) is tuple:
-        # The editor's usual list of ints, checked without numpy's ~10 us of conversions.
+        # The editor's usual list of ints, checked without numpy's conversions.
         rlist = list(context[::-1])
         if rlist and all(type(t) is int for t in rlist):
             if min(rlist) < 0 or max(rlist) > MAX_TOKEN_ID:

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 SIZES = (1, 2, 4, 6, 8, 12, 16, 32, 64)  # 6 and 12: fbgemm computes rows in blocks of 6
 CONTEXT = 384  # cached tokens under each step: a typical completion prompt
 REPEATS = 3  # medians of this many rounds, after one warm-up round
-MAX_SECONDS = 10.0  # no new round starts after this long (a round of SmolLM2-135M fp32 takes ~0.8 s on 2 idle cores)
+MAX_SECONDS = 10.0  # no new round starts after this long: a slow model or a busy machine gets fewer rounds
 NOISE_LIMIT = 1.5  # rounds further apart than this (median over sizes of slowest / fastest) are not kept
 # Bumped when what is timed changes (e.g. a new step implementation): older files are then re-measured.
 # 2: the decoder's own step (lean engine or transformers), head included; 3: with no other thread of the process
@@ -157,10 +157,9 @@ def too_noisy(times: dict[int, list[float]], limit: float = NOISE_LIMIT) -> bool
 
 
 # The least a step with drafts costs over a one-token step: more rows through every matmul, a tree mask, the walk.
-# Timed in a decoding loop on this CPU a 2-token step cost 1.06-1.17x one token, in both CPU modes, while the
-# interleaved calibration rounds put it at 0.97-1.01x: priced as free, a draft the model never accepts was still
-# drafted at the acceptance model's exploration bonus (3.5%), and an always-wrong source made REST 10-20% slower
-# than plain decoding.
+# Calibration rounds can time a 2-token step as free where a decoding loop pays for it; priced as free, a draft the
+# model never accepts is still drafted at the acceptance model's exploration bonus, and an always-wrong source makes
+# REST slower than plain decoding (docs/LOG.md).
 MIN_DRAFT_COST = 0.05
 
 
@@ -169,7 +168,7 @@ def relative_curve(ms: dict[int, float]) -> dict[int, float]:
 
     A step over k tokens does all the work of a 1-token step and more, so a ratio under that is noise (on a GPU,
     where the curve is flat, it would make a worthless draft look free). Between larger sizes the curve is NOT
-    made monotone: 2 tokens really can cost more than 4 (another kernel path; measurements.md), and fit_to_cost
+    made monotone: 2 tokens really can cost more than 4 (another kernel path), and fit_to_cost
     compares every prefix, so it picks the cheaper larger tree by itself.
     """
     base = ms[1]

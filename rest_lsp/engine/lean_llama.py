@@ -8,14 +8,14 @@ fused into one matmul each, made once) over a KV cache of its own:
   - pre-allocated per layer, grown in blocks, written in place; a step's accepted rows are gathered into place;
   - attention for a 1-token step needs no mask; a tree step adds its [n, n] mask to the last n key columns only;
   - RoPE angles computed once for every position, as transformers computes them;
-  - on a CPU the layers run as TorchScript (`LayerStack`): a small model's step is mostly ops of a few us, and
-    Python's own cost per op, as much again, goes (a 1-token step of SmolLM2-135M: 25 against 16 ms);
-  - on a CPU, in fp32, the matmuls run on oneDNN over weights reordered once into its layout (`Matmul`). MKL,
-    behind F.linear, runs one input row as a fast GEMV and 2+ rows as a GEMM that costs 2-4x as much; oneDNN's
-    packed kernel costs 1.2-2x for 2-16 rows, and less than MKL for one row and for prefill chunks
-    (benchmarks/bench_linear.py; a whole step: 1 token 52 ms, 8 tokens 1.5x, 16 tokens 2x, where MKL took 60 ms,
-    2.2x and 2.8x). The price: a second copy of the linear weights (the model's own stay for the transformers
-    path), 0.5 GB for SmolLM2-135M.
+  - on a CPU the layers run as TorchScript (`LayerStack`): a small model's step is mostly tiny ops, and Python's
+    own cost per op, about as much again, goes;
+  - on a CPU the matmuls run on a packed copy of the weights (`Matmul`, the packing chosen by engine/runmode.py):
+    in fp32 our panel kernel where a compiler builds it (panel_matmul.py: each row's result independent of the
+    rows beside it), else oneDNN's layout; fbgemm's fp16 copy in float16-weights; a GGUF's Q8_0 blocks on our
+    integer kernel in q8 (quant_matmul.py). MKL behind F.linear runs 2+ rows as a GEMM that costs several times
+    one row's GEMV, which a tree step cannot afford (benchmarks/RESULTS.md, "Kernels"). The price: a second copy
+    of the linear weights (the model's own stay for the transformers path).
 
 Models it does not know (another attention, a soft-capped head, sliding windows, scaled RoPE) keep the
 transformers path: `unsupported(model)` says which. Numerics follow transformers' to rounding (RMSNorm in fp32,
@@ -239,7 +239,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: Optional[torch.Tens
     """RMSNorm over the last dim of x [n, H], as transformers computes it (to rounding)."""
     if doubled is not None:
         # fp32: RMSNorm is LayerNorm over [x, -x] (mean 0, the same mean square), one kernel where torch's
-        # rms_norm is six ops on a CPU (30 against 13 us a call here, 61 calls a step); the same to rounding
+        # rms_norm is six ops on a CPU, 61 calls a step; the same to rounding
         H = x.shape[-1]
         return F.layer_norm(torch.cat([x, -x], dim=-1), [2 * H], doubled, None, eps)[:, :H]
     h = x.float()
@@ -318,9 +318,9 @@ class _Layer(torch.nn.Module):
 class LayerStack(torch.nn.Module):
     """Every decoder layer and the final norm: the hidden states [n, H] after the final norm.
 
-    On a CPU it runs as TorchScript: a step of a small model is some 25 small ops per layer at a few us of
-    arithmetic each, and eager mode pays as much again in Python per op (a 1-token step of SmolLM2-135M: 25 ms
-    eager, 16 ms scripted, the same ops and the same results bit for bit)."""
+    On a CPU it runs as TorchScript: a step of a small model is some 25 small ops per layer, and eager mode pays
+    about as much again in Python per op (docs/how-it-works.md, "The decoding step"); the same ops and the same
+    results bit for bit."""
 
     norm_doubled: Optional[torch.Tensor]
 
@@ -343,7 +343,7 @@ def scripted(stack: LayerStack) -> torch.jit.ScriptModule | None:
     None where this torch cannot script it (then the stack runs eagerly)."""
     try:
         with warnings.catch_warnings():
-            # torch.jit is deprecated for torch.compile, which did not pay on this CPU (README); it still runs here
+            # torch.jit is deprecated for torch.compile, which did not pay on a CPU (docs/LOG.md); it still runs here
             warnings.simplefilter("ignore", DeprecationWarning)
             return torch.jit.script(stack)
     except Exception as exc:  # noqa: BLE001 - any failure to script leaves the eager stack, which always works

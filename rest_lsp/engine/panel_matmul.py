@@ -13,7 +13,7 @@ depend on has a kernel for this shape (llama.cpp's are for its quantized formats
   - while a panel is being multiplied, the next one is prefetched, so the memory is always busy;
   - the panels are split between torch.get_num_threads() threads of torch's own OpenMP pool: the library asks for
     libgomp.so.1, which a Linux torch wheel has loaded under that name already (one team of threads per process,
-    see README; a torch on another OpenMP runtime would get a second pool).
+    see docs/how-it-works.md; a torch on another OpenMP runtime would get a second pool).
 
 Each output is one chain of fused multiply-adds over k in order, whatever the number of rows: a row's result is
 bit for bit the same alone or in a tree of 16 (a step's matmuls do not round differently with its width). The

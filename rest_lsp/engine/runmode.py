@@ -19,7 +19,7 @@ from rest_lsp.errors import ModelLoadError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # fp32 activations and arithmetic over fp16 copies of the linear weights (CPU, fbgemm): a step streams half the bytes
-# of fp32; the weights round to fp16 once, so it is not the exact mode (README, "float16-weights").
+# of fp32; the weights round to fp16 once, so it is not the exact mode (README, "Use": the modes).
 FP16_WEIGHTS = "float16-weights"
 
 

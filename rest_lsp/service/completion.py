@@ -64,7 +64,7 @@ SUFFIX_DRAFT_CHARS = 4000  # text after the cursor offered as drafts when the pr
 OUTPUT_CONTEXT_TOKENS = 32  # prompt tokens stored before each output, so drafts match where it was written
 SAVE_ACCEPTANCE_EVERY = 16  # completions between saves of the learned acceptance table
 LOADER_THREAD = "rest-lsp-loader"  # close() may leave it running (wait_for_loads)
-# Tokens per warm-up prefill pass: a request arriving meanwhile waits for at most one (~0.2 s, default model, CPU).
+# Tokens per warm-up prefill pass: a request arriving meanwhile waits for at most one pass.
 PREWARM_CHUNK = 64
 # Documents whose prompt window start is kept (the most recently prompted): more are rarely typed in by turns.
 PROMPT_STARTS = 16
