@@ -19,12 +19,33 @@ def line_bounds(text: str, line: int) -> tuple[int, int] | None:
     """(start, end) offsets of 0-based `line`'s content (its line break left out), or None past the last line."""
     if line < 0:
         return None
-    parts = LINE_BREAK.split(text, maxsplit=line) if line else [text]
-    if len(parts) <= line:
+    if "\r" in text and text.count("\r") != text.count("\r\n"):  # a lone CR: the regex (rare, and slower)
+        parts = LINE_BREAK.split(text, maxsplit=line) if line else [text]
+        if len(parts) <= line:
+            return None
+        start = len(text) - len(parts[-1])
+        found = LINE_BREAK.search(text, start)
+        return start, found.start() if found else len(text)
+    start = _after_newline(text, line)  # every break ends with \n
+    if start is None:
         return None
-    start = len(text) - len(parts[-1])
-    found = LINE_BREAK.search(text, start)
-    return start, found.start() if found else len(text)
+    end = text.find("\n", start)
+    if end < 0:
+        return start, len(text)
+    return start, end - 1 if end > start and text[end - 1] == "\r" else end
+
+
+def _after_newline(text: str, line: int) -> int | None:
+    """Where the text after the `line`-th \\n starts (0 for line 0), or None when there are fewer; split from the
+    nearer end, so that typing near the end of a long file splits off only its last lines."""
+    if line == 0:
+        return 0
+    total = text.count("\n")
+    if line > total:
+        return None
+    if line <= total - line:
+        return len(text) - len(text.split("\n", line)[-1])
+    return len(text.rsplit("\n", total - line + 1)[0]) + 1
 
 
 def last_line(text: str) -> int:
@@ -63,20 +84,28 @@ def characters(content: str, count: int, encoding="utf-16") -> int:
     codec = _codec(encoding)
     if codec is None or content.isascii():
         return max(0, min(count, len(content)))
-    if codec[1] == 2:
+    name, width = codec
+    try:
+        data = content.encode(name)
+    except UnicodeEncodeError:  # a lone surrogate: decoding would pair a lone high one with a lone low one after it
+        data = None
+    if data is not None and len(data) == len(content) * width:  # one unit per character
+        return max(0, min(count, len(content)))
+    if data is None and width == 2:
         return _utf16_characters(content, count)
-    data = content.encode("utf-8", "surrogatepass")
-    if count >= len(data):
+    if data is None:
+        data = content.encode(name, "surrogatepass")  # UTF-8 keeps each surrogate apart
+    if count * width >= len(data):
         return len(content)
-    head = codecs.getincrementaldecoder("utf-8")("surrogatepass").decode(data[: max(0, count)], final=False)
-    return len(head) + (len(head.encode("utf-8", "surrogatepass")) < count)  # a cut character counts whole
+    head = codecs.getincrementaldecoder(name)("surrogatepass").decode(data[: max(0, count) * width], final=False)
+    return len(head) + (len(head.encode(name, "surrogatepass")) < count * width)  # a cut character counts whole
 
 
 def _utf16_characters(content: str, count: int) -> int:
-    """characters() in UTF-16: one unit per character but two for each one beyond the BMP (a loop over those only;
-    a lone surrogate is one unit, even next to another)."""
+    """characters() in UTF-16 for a text with lone surrogates: one unit per character but two for each one beyond
+    the BMP (a loop over those only; a lone surrogate is one unit, even next to another)."""
     extra = 0  # units so far beyond one per character
-    for found in _ASTRAL.finditer(content):
+    for found in _ASTRAL.finditer(content, 0, count):
         at = found.start() + extra  # the unit where this character starts
         if at >= count:
             break
