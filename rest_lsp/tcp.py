@@ -10,6 +10,7 @@ import sys
 import threading
 from typing import Any
 
+from pygls.exceptions import JsonRpcException
 from pygls.io_ import run_async
 from pygls.lsp.server import LanguageServer
 
@@ -141,13 +142,11 @@ class OneClient:
         """The admitted client: its initialize goes to pygls first, then the rest of its stream."""
         protocol = self.server.protocol
         protocol.set_writer(writer)
-        params = first.get("params")
-        admission.strip_token(params.get("initializationOptions") if isinstance(params, dict) else None)
         try:
             protocol.handle_message(json.loads(json.dumps(first), object_hook=protocol.structure_message))
-        except Exception as err:  # noqa: BLE001 - pygls answers a bad initialize itself; never lose the client
-            log.exception("Unable to handle the first message")
-            self.server.report_server_error(err, type(err))
+        except JsonRpcException as err:  # params pygls cannot read: say so (the client may initialize again)
+            log.warning("The first initialize was refused: %s", err)
+            protocol._send_response(first["id"], None, err.to_response_error())
         try:
             await run_async(stop_event=self.server._stop_event, reader=reader, protocol=protocol, logger=log,
                             error_handler=self.server.report_server_error)

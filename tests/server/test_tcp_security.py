@@ -187,6 +187,16 @@ async def test_with_a_token_nothing_is_served_without_it(tiny_models, tmp_path, 
     assert TOKEN not in log
 
 
+async def test_an_initialize_pygls_cannot_read_is_answered_and_may_be_sent_again(tmp_path, serve):
+    port = free_port()
+    proc = await serve(f"127.0.0.1:{port}")
+    editor = await Raw.connect(port, proc=proc)
+    reply = await editor.request("initialize", {"processId": "not a number", "capabilities": []}, timeout=60)
+    assert reply["error"]["code"] == -32602  # InvalidParams, not silence
+    assert "result" in await editor.request("initialize", {"processId": None, "rootUri": None, "capabilities": {}})
+    editor.close()
+
+
 async def test_a_client_that_resets_its_connection_ends_the_server(tmp_path, serve):
     """A reset is the client leaving: the server stops listening rather than refusing every later editor."""
     port = free_port()
