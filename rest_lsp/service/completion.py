@@ -13,7 +13,7 @@ Latency rules:
     identical text and cursor shares the running one instead;
   - type-through: when the user typed the start of the last suggestion, the rest of it
     is the answer, without decoding;
-  - answers kept for later (suggestion_cache.py): an LRU by the text around the cursor, matched
+  - answers kept for later (suggestion_cache.py): an LRU by document and whole text, matched
     against what was typed since, and the prefetch: while a suggestion is shown and no request
     waits, the decoder's thread computes the one that follows accepting it;
   - a time budget (pacing.py): after it a completion keeps its whole lines (or ends its first);
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import threading
 import time
 from pathlib import Path
@@ -68,7 +67,6 @@ LOADER_THREAD = "rest-lsp-loader"  # close() may leave it running (wait_for_load
 PREWARM_CHUNK = 64
 # Documents whose prompt window start is kept (the most recently prompted): more are rarely typed in by turns.
 PROMPT_STARTS = 16
-_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str these are lone: a pair is one character
 
 
 class BadText(ValueError):
@@ -77,11 +75,14 @@ class BadText(ValueError):
 
 def check_text(text: str) -> None:
     """Raise BadText for text the tokenizer refuses (a lone surrogate: valid JSON, not valid Unicode)."""
-    found = None if text.isascii() else _SURROGATE.search(text)
-    if found is not None:
-        line = text.count("\n", 0, found.start()) + 1
-        raise BadText(f"rest-lsp: line {line} holds a lone surrogate (U+{ord(found.group()):04X}), which is not valid "
-                      "Unicode; no completion until it is removed.")
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-16-le")  # near a copy in C; only a lone surrogate fails (in a str a pair is one character)
+    except UnicodeEncodeError as err:
+        line = text.count("\n", 0, err.start) + 1
+        raise BadText(f"rest-lsp: line {line} holds a lone surrogate (U+{ord(text[err.start]):04X}), which is not "
+                      "valid Unicode; no completion until it is removed.") from None
 
 
 class ServiceEvents(Protocol):
