@@ -282,6 +282,8 @@ class LlamaVim:
         self.ring_task: asyncio.Task | None = None
         self.background: set[asyncio.Task] = set()
         self.requests = 0  # every /infill with n_predict > 0 sent, speculative ones included
+        self.edits = 0  # buffer changes so far
+        self.at: tuple[int, int, int] | None = None  # where the cursor waits: (x, y, edits then)
         self.errors: list[str] = []
 
     # the buffer
@@ -304,6 +306,7 @@ class LlamaVim:
 
     def move(self) -> None:
         self.last_move = time.perf_counter()
+        self.edits += 1
 
     # the ring buffer of chunks
     def pick_chunk(self, text: list[str]) -> None:
@@ -419,6 +422,7 @@ class LlamaVim:
         """The cursor arrives at (pos_x, pos_y): what llama.vim shows there, once it shows something (or knows it
         shows nothing). The time a caller measures around this is the person's wait."""
         self.move()
+        self.at = (pos_x, pos_y, self.edits)
         hint = self.try_hint(pos_x, pos_y)
         how, timings = "cache", {}
         while hint is None:
@@ -440,7 +444,17 @@ class LlamaVim:
                 hint = []
         if hint and self.speculative:  # the suggestion is shown: compute the one after accepting it
             self._speculate(pos_x, pos_y, hint)
+        if how == "cache":  # the automatic request at the cursor still goes out unless its own context is cached
+            self._spawn(self._auto(self.at))
         return Shown(hint or None, how if hint else "empty", timings)
+
+    async def _auto(self, at: tuple[int, int, int]) -> None:
+        """llama.vim's automatic request at a cursor whose suggestion came from the cache: retried every 100 ms
+        while a request is in flight, then sent if the cursor is still there and its context is not cached."""
+        while self.current is not None and not self.current.done():
+            await asyncio.wait([self.current], timeout=RETRY_S)
+        if self.at == at:
+            self.fim(at[0], at[1])
 
     def _speculate(self, pos_x: int, pos_y: int, hint: list[str]) -> None:
         """The request for what follows the shown suggestion, as if accepted; sent now, or once the one in flight

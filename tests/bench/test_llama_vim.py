@@ -126,6 +126,9 @@ def test_the_editor_asks_as_llama_vim_then_speculates_and_the_next_line_comes_fr
         # the person writes the suggested line, Enter, the editor indents: the speculative answer is ready
         vim.set_text("\n".join(BUFFER[:3] + ["    x = a + b", "    "] + BUFFER[4:]) + "\n")
         second = await vim.ask(4, 4)
+        await vim.idle()
+        await asyncio.sleep(0.3)  # the automatic request waits for the speculative one in 100 ms retries
+        await vim.idle()
         await vim.close()
         return first, second
 
@@ -137,6 +140,10 @@ def test_the_editor_asks_as_llama_vim_then_speculates_and_the_next_line_comes_fr
     speculative = _Stub.bodies[1]
     assert speculative["t_max_predict_ms"] == 1000 and speculative["prompt"] == "    x = a + b"
     assert second.how == "cache" and second.text == "return x"
+    # shown from the cache, then the speculative request after it, then the automatic one at the cursor (its own
+    # context was not cached: the suggestion came from the look-back)
+    later = [(b["prompt"], b["t_max_predict_ms"]) for b in _Stub.bodies[2:] if b["n_predict"]]
+    assert later == [("    return x", 1000), ("", 250)]
 
 
 def test_the_session_applies_the_persons_edits_and_counts_the_tokens_of_measured_requests(stub_server):
