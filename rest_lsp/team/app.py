@@ -76,6 +76,10 @@ def _sync_routes(api: APIRouter) -> None:
         reply = await asyncio.to_thread(state.delta, body)
         return reply.model_copy(update={"replica": r.name})
 
+    @api.delete("/workspaces/{workspace}")
+    async def close(workspace: str, r: Replica = Depends(_current)) -> dict:
+        return {"dropped": await asyncio.to_thread(r.workspaces.drop, workspace)}
+
     @api.post("/workspaces/{workspace}/events")
     async def events(workspace: str, body: Events, r: Replica = Depends(_current)) -> dict:
         state = r.workspaces.find(workspace)

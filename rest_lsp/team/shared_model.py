@@ -47,6 +47,12 @@ class WorkspaceDocuments:
     def forget(self, doc_id: str) -> None:
         self._shared.forget(self._prefix + doc_id)
 
+    def opened(self, doc_id: str) -> None:
+        self._shared.opened(self._prefix + doc_id)
+
+    def __getattr__(self, name: str):
+        return getattr(self._shared, name)  # what names no document (counters)
+
     def forget_all(self) -> None:
         for name in self._shared.kept():
             if name.startswith(self._prefix):

@@ -204,6 +204,15 @@ class Workspaces:
             state.log.info("dropped (memory budget %d MB)", self.budget >> 20)
             threading.Thread(target=state.close, name="rest-lsp-drop-workspace", daemon=True).start()
 
+    def drop(self, workspace: str) -> bool:
+        """Forget a workspace (its editor closed); False when it was not here."""
+        with self._lock:
+            state = self._states.pop(workspace, None)
+        if state is not None:
+            state.log.info("closed by its editor")
+            state.close()
+        return state is not None
+
     def names(self) -> list[str]:
         with self._lock:
             return list(self._states)

@@ -84,6 +84,8 @@ def test_the_workspace_arrives_and_follows_the_disk(remote, root):
     wait_for(lambda: remote_drafts(holder, "def frobnicate_widget") == [], what="the removal")
     stats = service.stats()
     assert stats["mode"] == "remote" and stats["status"] == "connected" and stats["deltas_sent"] >= 2
+    service.close()  # the editor goes: so does its workspace on the replica
+    assert holder.replica.workspaces.names() == []
 
 
 def test_completions_are_the_in_process_services(remote, root, tmp_path, shared):

@@ -86,7 +86,7 @@ def test_auth_on_every_route_but_health(client, shared):
               ("post", f"{API}/workspaces/w/delta", {}), ("post", f"{API}/workspaces/w/complete", {}),
               ("post", f"{API}/workspaces/w/drafts", {"text": "x"}), ("get", f"{API}/workspaces/w/stats", None),
               ("post", f"{API}/workspaces/w/accept", {}), ("post", f"{API}/workspaces/w/cancel", {}),
-              ("post", f"{API}/workspaces/w/events", {})]
+              ("post", f"{API}/workspaces/w/events", {}), ("delete", f"{API}/workspaces/w", None)]
     for header in ({}, {"Authorization": "Bearer wrong-token-wrong-token-000"}, {"Authorization": "Basic x"},
                    {"Authorization": "Bearer"}):
         for method, path, body in routes:
@@ -137,6 +137,15 @@ def test_one_workspace_never_drafts_from_another(client, shared):
     assert client.post(f"{API}/workspaces/alice/accept", json={"text": "alice_only_name = 4242"}).json()["accepted"]
     assert any("4242" in t for t in drafts(client, "alice_only_name", ws="alice"))
     assert drafts(client, "alice_only_name", ws="bob") == []
+
+
+def test_an_editor_that_closes_frees_its_workspace(client, shared, replica):
+    snapshot(client, shared, ws="gone")
+    assert "gone" in replica.workspaces.names()
+    assert client.delete(f"{API}/workspaces/gone").json() == {"dropped": True}
+    assert "gone" not in replica.workspaces.names()
+    assert delta(client, shared, 1, ws="gone", puts={"/p/x.py": OTHER}).json()["need_snapshot"]
+    assert client.delete(f"{API}/workspaces/gone").json() == {"dropped": False}
 
 
 def test_the_least_recently_used_workspace_goes_over_the_budget(client, shared, replica):
