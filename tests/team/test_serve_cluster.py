@@ -185,12 +185,16 @@ def test_a_replica_killed_under_load_costs_at_most_a_retry(cluster, tiny_models,
         after = service.submit("file:///z.py", TEXTS[1], len(TEXTS[1])).future.result(60)
         assert (after and after.text) == (expected[TEXTS[1]] and expected[TEXTS[1]].text)
         assert service.stats()["retried"] <= len(TEXTS)  # at most the requests in flight
+        seen_down = False  # Serve notices the death at a health check: RUNNING drops, then comes back
         while True:  # a replacement serving within 60 s
             running = serve.status().applications["rest-lsp"].deployments["rest-lsp"].replica_states.get("RUNNING", 0)
-            if running == 2:
+            seen_down = seen_down or running < 2
+            if seen_down and running == 2:
                 break
             assert time.monotonic() - killed < 60, "no replacement replica within 60 s"
-            time.sleep(0.5)
+            time.sleep(0.25)
+        http = Http(url, TOKEN, service.workspace)  # the workspace is served again, by the replica now its own
+        assert http.call("GET", f"{API}/workspaces/{service.workspace}/stats")["pid"] != pid
     finally:
         service.close()
         local.close()
