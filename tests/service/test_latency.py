@@ -154,12 +154,12 @@ def test_a_request_stops_a_running_prefetch_after_the_step_it_is_in(constant_ser
     assert _submit(svc, "mem://r.py", "x = ", "\n").text == "xxxx"  # generate call 1
     # calls 2 and 3: after accepting it, at its end and on the next line
     wait_for(lambda: svc.stats()["prefetched"] == 2, 60, "the prefetches after x = xxxx")
-    svc.update_settings(Settings(**{**svc.settings.__dict__, "max_new_tokens": 2000}))
-    generate_calls.hold_at = 4  # the prefetch after the next hit: 2,000 tokens unless a request stops it
+    # the prefetch after the next hit: 4 tokens in 4 steps unless a request stops it (a change of maxNewTokens to
+    # lengthen it would drop the prefetched hit: a suggestion is served only under the settings it was computed for)
+    generate_calls.hold_at = 4
     hit = _submit(svc, "mem://r.py", "x = xxxx", "\n")
     assert hit is not None and hit.source == "prefetch"
     assert generate_calls.held.wait(60), "the next prefetch never started"
-    svc.update_settings(Settings(**{**svc.settings.__dict__, "max_new_tokens": 4}))
     # the request arrives while the prefetch is inside its first step
     ticket = svc.submit("mem://r.py", "z = \n", 4)
     generate_calls.release.set()
