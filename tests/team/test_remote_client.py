@@ -169,3 +169,18 @@ def test_the_editors_process_imports_neither_torch_nor_ray(live, root, tmp_path)
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["loaded"] == [] and found["docs"] == 1 and found["text"] is not None
+
+
+def test_cancelling_a_request_stops_the_replicas_work(remote, tmp_path, shared):
+    service, holder, _, _ = remote
+    service.update_settings(client_settings(tmp_path, shared).update(
+        {"maxNewTokens": 2000, "maxLines": 0, "timeBudgetMs": 0, "waitBudgetMs": 0})[0])
+    text = "x = ["
+    ticket = service.submit("file:///long.py", text, len(text))
+    [name] = holder.replica.workspaces.names()
+    state = holder.replica.workspaces.find(name)
+    wait_for(lambda: state.tickets, 30, "the request on the replica")
+    ticket.cancel()  # what server.py does when the editor cancels the LSP request
+    assert ticket.future.result(1) is None
+    wait_for(lambda: state.service.stats()["cancelled"] >= 1, 30, "the replica's work to stop")
+    assert not state.tickets
