@@ -13,6 +13,7 @@ import re
 import threading
 from pathlib import Path
 from typing import Sequence
+from urllib.parse import unquote, urlsplit
 
 import pathspec
 
@@ -44,6 +45,16 @@ def is_secret(rel: str, is_dir: bool) -> bool:
     if any("/".join(folders[i:i + n]) in SECRET_DIRS for n in (1, 2, 3) for i in range(len(folders) - n + 1)):
         return True
     return not is_dir and SECRET_FILES.match(parts[-1]) is not None
+
+
+def is_secret_path(path: str, is_dir: bool = False) -> bool:
+    """`is_secret` for an absolute path (either separator) or a document id: an open buffer's id is its file's path,
+    or `buffer:<uri>` for a document that is not a file on disk (its URI's path then). The service never feeds such
+    a buffer, the team mirror never sends one, and a workspace root inside a folder of secrets is not indexed."""
+    if path.startswith("buffer:"):
+        path = unquote(urlsplit(path[len("buffer:"):]).path)
+    rel = path.replace("\\", "/").strip("/")
+    return bool(rel) and is_secret(rel, is_dir)
 
 
 class IgnoreRules:

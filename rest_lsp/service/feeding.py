@@ -12,12 +12,14 @@ indexes to stop are collected under the lock and stopped after releasing it.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Protocol
 
+from rest_lsp.datastore.ignore import is_secret_path
 from rest_lsp.priority import lower_this_thread
 from rest_lsp.settings import Settings
 
@@ -175,6 +177,9 @@ class DatastoreFeed:
                 if (not s.index_workspace or self._dropped(root, generation) or key in self.indexes
                         or (generation, key) in self._indexing):
                     continue
+                if is_secret_path(key, True) or is_secret_path(os.path.realpath(root), True):
+                    log.warning("Not indexing %s: it is inside a folder of credentials.", root)
+                    continue
                 self._indexing.add((generation, key))
                 loaded, datastore = host._loaded, self.datastore
 
@@ -223,6 +228,8 @@ class DatastoreFeed:
 
     # -- open buffers ----------------------------------------------------------------------------------------
     def open_buffer(self, doc_id: str, text: str) -> None:
+        if is_secret_path(doc_id):  # a key or credential open in the editor: never drafted, as never indexed
+            return
         with self._lock:
             self._buffers[doc_id] = text
             self._pending[doc_id] = text

@@ -7,6 +7,7 @@ import threading
 import uuid
 
 from rest_lsp.datastore import Datastore, Source
+from rest_lsp.datastore.ignore import is_secret_path
 from rest_lsp.team.protocol import Delta, Doc, Snapshot
 
 
@@ -68,12 +69,13 @@ class Mirror:
     def snapshot(self, settings: dict) -> Snapshot:
         self.datastore.take_changed()  # all of it goes now
         self.epoch, self.seq = uuid.uuid4().hex, 0
-        docs = [d for d in map(self.datastore.document, self.datastore.doc_ids()) if d is not None]
+        ids = [d for d in self.datastore.doc_ids() if not is_secret_path(d)]  # credentials never leave the editor
+        docs = [d for d in map(self.datastore.document, ids) if d is not None]
         return Snapshot(epoch=self.epoch, tokenizer_key=self.key, docs=docs, settings=settings)
 
     def delta(self) -> Delta | None:
         """The changes since the last delta or snapshot, numbered next; None when nothing changed."""
-        changed = self.datastore.take_changed()
+        changed = {d for d in self.datastore.take_changed() if not is_secret_path(d)}
         if not changed:
             return None
         puts, removes = [], []

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
+from rest_lsp.datastore.ignore import is_secret_path
 from rest_lsp.service.feeding import DatastoreFeed, workspace_key
 from rest_lsp.service.scheduling import Completion, resolve_future
 from rest_lsp.settings import Settings
@@ -183,6 +184,8 @@ class RemoteService:
         return True
 
     def _hint(self, event: Event) -> None:
+        if is_secret_path(event.doc_id):  # a credential's text never leaves the editor
+            return
         with self._lock:
             self._events.append(event)
         self._events_wake.set()
@@ -209,7 +212,7 @@ class RemoteService:
     # -- completions --------------------------------------------------------------------------------------------
     def submit(self, doc_id: str, text: str, offset: int) -> RemoteTicket:
         ticket = RemoteTicket(self, f"{next(self._ids)}-{uuid.uuid4().hex[:8]}")
-        if self.status != "connected":
+        if self.status != "connected" or is_secret_path(doc_id):  # a credential's text never leaves the editor
             resolve_future(ticket.future, None)
             return ticket
         offset = max(0, min(offset, len(text)))
