@@ -22,10 +22,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # of fp32; the weights round to fp16 once, so it is not the exact mode (README, "Use": the modes).
 FP16_WEIGHTS = "float16-weights"
 
+# fp32 activations over Q8_0 weights (a GGUF's own blocks, other tensors requantized to them) on rest-lsp's integer
+# kernel (CPU, quant_matmul.py): a step streams about a quarter of fp32's bytes; each matmul's input rows are quantized
+# per block of 32, so it is not the exact mode, but a row's result does not depend on the rows beside it: REST output
+# is plain decoding's in this mode.
+Q8_WEIGHTS = "q8_0"
 
 def mode_name(dtype: torch.dtype, packing: str | None) -> str:
-    """The numerics outputs depend on: "float32", "bfloat16", "float16" or "float16-weights"."""
-    return FP16_WEIGHTS if packing == "fp16" else str(dtype).removeprefix("torch.")
+    """The numerics outputs depend on: "float32", "bfloat16", "float16", "float16-weights" or "q8_0"."""
+    if packing in ("fp16", "q8"):
+        return FP16_WEIGHTS if packing == "fp16" else Q8_WEIGHTS
+    return str(dtype).removeprefix("torch.")
 
 
 def cost_curve(measured: dict[int, float]) -> list[float]:
@@ -64,6 +71,9 @@ PACKINGS: dict[str, Packing] = {
                                 64: 9.4}), head_batch=6, head_batch_from=1.7, miss_rows=3),
     "none": Packing(cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.63, 24: 3.01, 32: 3.40,
                                 48: 4.17, 64: 4.93}), head_batch=8, head_batch_from=2.5, miss_rows=1),
+    # Q8_0 on our integer kernel (quant_matmul.py): a tile of 12 rows on AVX-512 VNNI (4 on AVX2) reads a panel once
+    "q8": Packing(cost_curve({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 12: 1.39, 16: 1.93}), head_batch=12,
+                  head_batch_from=1.4, miss_rows=4),
 }
 # A GPU verifies a few dozen tokens in about the time of one.
 FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
@@ -121,7 +131,8 @@ def pick_dtype(dtype: str | None, device: torch.device) -> tuple[torch.dtype, st
     if dtype in (None, "", "auto"):
         return (torch.bfloat16 if device.type == "cpu" and native_bf16() else torch.float32), None
     if dtype not in DTYPES:
-        raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)}, {FP16_WEIGHTS} or 'auto'.")
+        raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)}, {FP16_WEIGHTS}, {Q8_WEIGHTS} "
+                             "or 'auto'.")
     return runnable_dtype(device, DTYPES[dtype])
 
 
@@ -141,6 +152,13 @@ def pick_weight_packing(dtype: str | None, device: torch.device, gguf: bool = Fa
         if gguf and device.type == "cpu" and not native_bf16() and fp16_packs(torch.float32, device):
             return "fp16", None
         return None, None
+    if dtype == Q8_WEIGHTS:
+        from rest_lsp.engine.lean_llama import q8_packs
+
+        if q8_packs(torch.float32, device):
+            return "q8", None
+        return None, (f"q8_0 runs on a CPU where a C compiler builds rest-lsp's integer kernel, not on {device} here: "
+                      "rest-lsp runs the model in float32 instead.")
     if dtype != FP16_WEIGHTS:
         return None, None
     if fp16_packs(torch.float32, device):
@@ -154,7 +172,7 @@ def decide(device: str | None, dtype: str | None, gguf: bool = False) -> RunMode
     from rest_lsp.engine.lean_llama import pick_packing
 
     dev = pick_device(device)
-    dt, dtype_note = pick_dtype("float32" if dtype == FP16_WEIGHTS else dtype, dev)
+    dt, dtype_note = pick_dtype("float32" if dtype in (FP16_WEIGHTS, Q8_WEIGHTS) else dtype, dev)
     packing, note = None, None
     if dt == torch.float32:  # float16-weights computes in fp32; a bf16 or fp16 model keeps its own weights
         packing, note = pick_weight_packing(dtype, dev, gguf=gguf)

@@ -8,12 +8,12 @@ from conftest import tiny_model
 
 from rest_lsp.engine import panel_matmul
 from rest_lsp.engine.decoding import Decoder
-from rest_lsp.engine.lean_llama import fp16_packs, onednn_packs
+from rest_lsp.engine.lean_llama import fp16_packs, onednn_packs, q8_packs
 from rest_lsp.engine.runmode import PACKINGS
 
 CPU = torch.device("cpu")
 RUNS_HERE = {"panel": panel_matmul.available(), "onednn": onednn_packs(torch.float32, CPU),
-             "fp16": fp16_packs(torch.float32, CPU), "none": True}
+             "fp16": fp16_packs(torch.float32, CPU), "q8": q8_packs(torch.float32, CPU), "none": True}
 
 # README, "The decoding step": the head batch of each kernel, and the rows a node reached outside it brings.
 README = {"panel": (12, 6), "onednn": (8, 4), "fp16": (6, 3), "none": (8, 1)}

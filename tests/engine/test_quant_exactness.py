@@ -74,3 +74,25 @@ def test_lean_engines_over_one_model_keep_their_own_packing(cpu_tiny):
     assert q8.layers[0].qkv.packing == "q8" and exact.layers[0].qkv.packing != "q8"
     assert q8.head.packing == "q8" and q8.score_scale == q8.head_dim**-0.5  # the query blocks stay as they are
     assert LeanLlama(cpu_tiny.model, 64, pack="q8").layers is q8.layers  # packed once per model
+
+
+def test_dtype_q8_0_loads_the_quantized_mode_and_elsewhere_says_why_not(monkeypatch):
+    from rest_lsp.engine import runmode
+
+    if not quant_matmul.available():
+        pytest.skip("no C compiler here builds the quantized kernel")
+    mode = runmode.decide("cpu", runmode.Q8_WEIGHTS, gguf=True)
+    assert (mode.packing, mode.dtype, mode.name, mode.notes) == ("q8", torch.float32, "q8_0", ())
+    assert (mode.head_batch, mode.miss_rows) == (12, 4) and mode.step_cost == runmode.PACKINGS["q8"].step_cost
+    assert runmode.pick_weight_packing("q8_0", torch.device("cpu")) == ("q8", None)
+    assert runmode.decide("cpu", None, gguf=True).packing != "q8"  # never the default: not the exact mode
+    packing, note = runmode.pick_weight_packing("q8_0", torch.device("cuda"))
+    assert packing is None and "float32 instead" in note
+    monkeypatch.setattr(quant_matmul, "_libraries", {quant_matmul.NATIVE: None})  # no kernel here
+    mode = runmode.decide("cpu", "q8_0")
+    assert mode.dtype == torch.float32 and mode.packing != "q8" and "float32 instead" in mode.notes[0]
+
+
+def test_the_quantized_mode_is_named_in_what_the_decoder_reports(cpu_tiny):
+    decoder = Decoder(cpu_tiny, pack="q8")
+    assert decoder.mode == "q8_0" and decoder.run.head_batch == 12
