@@ -56,7 +56,7 @@ def start(args: argparse.Namespace, ray_init: dict | None = None) -> str:
     http = {"host": args.host, "port": args.port}
     if args.tls_cert:
         http |= {"ssl_certfile": str(Path(args.tls_cert)), "ssl_keyfile": str(Path(args.tls_key))}
-    serve.start(http_options=http)
+    serve.start(http_options=http, proxy_location="HeadOnly")  # one proxy: one router, one workspace table
     serve.run(application(settings, str(Path(args.token_file).resolve()), args.replicas, args.num_cpus,
                           args.num_gpus, args.workspace_mb), name="rest-lsp", route_prefix="/")
     scheme = "https" if args.tls_cert else "http"

@@ -2,9 +2,8 @@
 
 Nothing of a loaded model pickles (TorchScript layers, the datastore's lock): the replicas get specs (settings as
 a dict, the token file's path, the memory budget) and build everything themselves. Serve routes a workspace's
-requests by its session header (`protocol.WORKSPACE_HEADER`) with its consistent-hash router, without fallback:
-a workspace stays on its replica while that lives, and a dead replica's workspaces move to the others with as
-little churn as the ring gives. The replica side only: the editor's modules never import this one.
+requests by its session header (`protocol.WORKSPACE_HEADER`) with routing.WorkspaceRouter: a workspace stays on
+its replica while that lives, a new one goes to the replica holding the fewest, and only a dead replica's move. The replica side only: the editor's modules never import this one.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from ray.serve.config import RequestRouterConfig
 
 log = logging.getLogger(__name__)
 
-ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"  # alpha API: Ray is pinned
+ROUTER = "rest_lsp.team.routing.WorkspaceRouter"  # on the alpha custom-router API: Ray is pinned
 DEPLOYMENT = "rest-lsp"
 # Requests a replica takes at once: completions wait on its decoding thread, hints and deltas pass meanwhile.
 MAX_ONGOING_REQUESTS = 32
@@ -58,8 +57,7 @@ def application(settings, token_file: str, replicas: int, num_cpus: float, num_g
     deployment = serve.deployment(
         TeamReplica, name=DEPLOYMENT, num_replicas=replicas, max_ongoing_requests=MAX_ONGOING_REQUESTS,
         ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
-        request_router_config=RequestRouterConfig(request_router_class=ROUTER,
-                                                  request_router_kwargs={"num_fallback_replicas": 0}),
+        request_router_config=RequestRouterConfig(request_router_class=ROUTER),
         health_check_period_s=2, health_check_timeout_s=30)
     threads = max(1, int(num_cpus))
     return deployment.bind(dataclasses.asdict(settings), str(token_file), budget_mb, threads)

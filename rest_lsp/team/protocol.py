@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 API = "/v1"
-WORKSPACE_HEADER = "x-session-id"  # Serve's session header: its consistent-hash router keeps a workspace on one replica
+WORKSPACE_HEADER = "x-session-id"  # Serve's session header: the request router keeps a workspace on one replica
 MAX_ID_CHARS = 4096
 
 # Editor settings a client may set for its workspace on the replica; the model and the files are the server's.
