@@ -3,10 +3,10 @@ sentence and nothing after it; a closed document leaves no KV cache behind."""
 
 import pytest
 import pytest_asyncio
-from pygls.exceptions import JsonRpcInvalidParams
 from lsprotocol import types
-
+from pygls.exceptions import JsonRpcInvalidParams
 from support import command, greedy, inline, open_doc, server_command, start, wait_until
+
 from rest_lsp.server import STATS_COMMAND
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -95,7 +95,7 @@ def test_a_keystroke_in_a_one_megabyte_line_walks_no_character(walked):
     doc.apply_change(change.content_changes[0])
     assert doc.source == line + "b"
     assert _changed_at(ls, URI, change) == len(line) + 1  # where typing goes on
-    text, offset, pos = _cursor(ls, URI, types.Position(0, 2 + 500_000))  # a cursor hint mid-line
+    _, offset, pos = _cursor(ls, URI, types.Position(0, 2 + 500_000))  # a cursor hint mid-line
     assert (offset, pos.character) == (1 + 500_000, 2 + 500_000)
     _, offset, pos = _cursor(ls, URI, types.Position(0, 10**9))  # past the end: clamped
     assert (offset, pos.character) == (len(line) + 1, end + 1)

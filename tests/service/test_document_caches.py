@@ -49,7 +49,7 @@ def test_the_service_closes_and_opens_documents(tiny_models):
     assert svc.wait_ready(120), svc.load_error
     try:
         texts = {doc: f"def {doc}(x):\n    return x\n\n{doc}_value = " for doc in ("a", "b")}
-        ask = lambda doc: svc.submit(f"mem://{doc}.py", texts[doc], len(texts[doc])).future.result(60)  # noqa: E731
+        ask = lambda doc: svc.submit(f"mem://{doc}.py", texts[doc], len(texts[doc])).future.result(60)
         ask("a")
         svc.close_document("mem://a.py")
         ask("b")

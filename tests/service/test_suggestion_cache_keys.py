@@ -12,7 +12,8 @@ from rest_lsp.service.completion import CompletionService
 from rest_lsp.service.suggestion_cache import KEY_PREFIX_CHARS, TYPED_SCAN_CHARS, SuggestionCache
 from rest_lsp.settings import Settings
 
-DEFINITION = 'def compute_total(items):\n    """Sum the prices of the items."""\n    return sum(i.price for i in items)\n'
+DEFINITION = ('def compute_total(items):\n    """Sum the prices of the items."""\n'
+              "    return sum(i.price for i in items)\n")
 FILLER = "".join(f"\n\ndef helper_{i}(value):\n    return value * {i}\n" for i in range(8))
 BEFORE = DEFINITION + FILLER + "\n\ndef report(items):\n    amount = compute_"
 AFTER = "\n"
@@ -20,7 +21,8 @@ MAX_NEW = 12
 
 
 def _settings(model, **kw) -> Settings:
-    values = dict(model=str(model), dtype="float32", max_new_tokens=MAX_NEW, debounce_ms=0, index_workspace=False)
+    values = {"model": str(model), "dtype": "float32", "max_new_tokens": MAX_NEW, "debounce_ms": 0,
+              "index_workspace": False}
     return Settings(**{**values, **kw})
 
 
