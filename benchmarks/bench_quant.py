@@ -5,16 +5,26 @@ fp16 weights (float16-weights), bf16 weights (F.linear, the bfloat16 mode) and o
     .venv/bin/python benchmarks/bench_quant.py [--threads 2] [--rows 1,2,4,8,12,16] [--layers 24] [--rounds 7]
                                                [--kinds q8,fp16,bf16,panel] [--avx2]
 
-A pass over `--layers` layers of distinct weights (fused q/k/v, o, fused gate/up, down), then the LM head, as a step
+    .venv/bin/python benchmarks/bench_quant.py --model GGUF [--modes q8,fp16,panel,bf16] [--prompts 4]
+
+Without --model: a pass over `--layers` layers of distinct weights (fused q/k/v, o, fused gate/up, down), then the LM head, as a step
 makes them: every weight comes from memory once. The kinds take turns within each round (the machine is shared and
 its speed drifts), and each cell is the median of the rounds. Also the bytes a pass streams per kind.
+
+With --model: the whole step of that model in each mode: the step-cost curve on a 512-token cache (the decoder's
+own step timer: the forward pass and the head over the rows it batches; sizes interleaved, medians), then plain
+and REST (prompt lookup plus the other prompts' files as a workspace) ms/token on `--prompts` function starts of
+this repository's own code (500-token prompts, 48 new tokens), REST's output compared with plain decoding's in the
+same mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +60,90 @@ def stored_bytes(kind: str, out: int, inp: int) -> int:
             "fp16": out * inp * 2, "bf16": out * inp * 2, "panel": -(-out // 16) * 16 * inp * 4}[kind]
 
 
+def function_starts(count: int) -> list[tuple[Path, int]]:
+    """(file, offset just after a `def` line) in this repository's engine and service code, spread over files."""
+    root = Path(__file__).resolve().parent.parent / "rest_lsp"
+    files = sorted(p for p in root.rglob("*.py") if p.stat().st_size > 6000)
+    points = []
+    for path in files[:: max(1, len(files) // max(count, 1))][:count]:
+        text = path.read_text()
+        starts = [m.end() for m in re.finditer(r"\n    def [^\n]*:\n", text)]
+        if starts:
+            points.append((path, starts[len(starts) // 2]))
+    return points
+
+
+def model_steps(args) -> None:
+    from rest_lsp.drafting.drafts import ContextLookup, DraftMix, NgramDrafts, NoDrafts
+    from rest_lsp.engine.calibration import measure_step_times, medians
+    from rest_lsp.engine.decoding import DecodeConfig, Decoder
+    from rest_lsp.engine.model import load_model
+
+    torch.set_num_threads(args.threads)
+    # on one thread, the thread's CPU time: what the step costs on a core that is shared with other work
+    clock, what = (time.thread_time, "CPU") if args.threads == 1 else (time.perf_counter, "wall")
+    modes = [m for m in args.modes.split(",") if m]
+    fp32 = load_model(args.model, "cpu", "float32")
+    tok = fp32.tokenizer
+    decoders = {}
+    for m in modes:
+        if m == "bf16":
+            decoders[m] = Decoder(load_model(args.model, "cpu", "bfloat16"))
+        else:
+            decoders[m] = Decoder(fp32, pack=m)
+    print(f"model {args.model}; {args.threads} threads; Q8_0 kernel: {quant_matmul.path_name()}; "
+          + ", ".join(f"{m}: {d.engine}" for m, d in decoders.items()), flush=True)
+    sizes = [int(r) for r in args.rows.split(",")]
+    timers = {m: d.step_timer(512) for m, d in decoders.items()}
+    from rest_lsp.engine.calibration import _test_tree
+
+    trees = {k: _test_tree(1, fp32.model.config.vocab_size, k) for k in sizes}
+    times = {(m, k): [] for m in modes for k in sizes}
+    for rnd in range(args.rounds + 1):
+        for k in sizes:
+            for m in modes:
+                timers[m](trees[k])
+                t0 = clock()
+                timers[m](trees[k])
+                if rnd:
+                    times[m, k].append((clock() - t0) * 1e3)
+    print(f"\nstep on a 512-token cache, {what} ms (median of {args.rounds}), and x one token")
+    print(f"{'mode':8} " + " ".join(f"{f'{k} tok':>14}" for k in sizes))
+    for m in modes:
+        ms = [statistics.median(times[m, k]) for k in sizes]
+        print(f"{m:8} " + " ".join(f"{v:7.1f} {v / ms[0]:5.2f}x" for v in ms), flush=True)
+
+    points = function_starts(args.prompts)
+    texts = [p.read_text() for p, _ in points]
+    rows = {m: [] for m in modes}
+    for i, (path, offset) in enumerate(points):
+        prompt = tok.encode(texts[i][:offset])[-500:]
+        others = [tok.encode(t) for j, t in enumerate(texts) if j != i]
+        for m, d in decoders.items():
+            d.reset()
+            t0 = clock()
+            plain = d.generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=args.new_tokens, budget=0))
+            plain_ms = ((clock() - t0) * 1e3 - plain.prefill_ms * (clock is time.perf_counter)) / len(plain.tokens)
+            d.reset()
+            t0 = clock()
+            rest = d.generate(prompt, DraftMix([("context", ContextLookup()), ("workspace", NgramDrafts(others))]),
+                              DecodeConfig(max_new_tokens=args.new_tokens, budget=16))
+            rest_ms = ((clock() - t0) * 1e3 - rest.prefill_ms * (clock is time.perf_counter)) / len(rest.tokens)
+            if clock is time.thread_time:  # CPU time of the whole call: the prefill's share taken out by wall ratio
+                plain_ms = plain_ms - plain.prefill_ms / (plain.prefill_ms + plain.decode_ms) * plain_ms
+                rest_ms = rest_ms - rest.prefill_ms / (rest.prefill_ms + rest.decode_ms) * rest_ms
+            rows[m].append((plain_ms, rest_ms, rest.tokens_per_step, rest.tokens == plain.tokens, plain.prefill_ms))
+            print(f"  {path.name}:{texts[i][:offset].count(chr(10))} {m}: plain {plain_ms:.1f} {what} ms/token, "
+                  f"REST {rest_ms:.1f} ({rest.tokens_per_step:.2f} tokens/step), "
+                  f"identical {rest.tokens == plain.tokens}, prefill {plain.prefill_ms:.0f} ms", flush=True)
+    print(f"\n{len(points)} function starts, {args.new_tokens} new tokens; medians")
+    print(f"{'mode':8} {'plain ms/tok':>12} {'REST ms/tok':>12} {'tok/step':>9} {'identical':>10} {'prefill ms':>11}")
+    for m in modes:
+        r = rows[m]
+        med = [statistics.median(x[j] for x in r) for j in (0, 1, 2, 4)]
+        print(f"{m:8} {med[0]:12.1f} {med[1]:12.1f} {med[2]:9.2f} {sum(x[3] for x in r):>5}/{len(r):<4} {med[3]:11.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
@@ -58,7 +152,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--kinds", default="q8,fp16,bf16,panel")
     parser.add_argument("--avx2", action="store_true", help="also the Q8_0 kernel's AVX2 build (-march=haswell)")
+    parser.add_argument("--model", help="a model (.gguf): time its whole step per mode instead")
+    parser.add_argument("--modes", default="q8,fp16,panel,bf16", help="with --model: packings, and bf16")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=48)
     args = parser.parse_args()
+    if args.model:
+        return model_steps(args)
     torch.set_num_threads(args.threads)
     cpu = torch.device("cpu")
     kinds = [k for k in args.kinds.split(",") if k]
