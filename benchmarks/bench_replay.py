@@ -78,6 +78,9 @@ CONFIGS[LLAMA] = llama_vim.SERVER_FLAGS
 # Ablations: REST with one draft source left out
 for _source in SOURCE_NAMES:
     CONFIGS[f"rest-no-{_source}"] = ("--draft-exclude", _source)
+# Other files' context (--extra-context-tokens): off, and on at a few budgets
+for _tokens in (0, 256, 512, 1024):
+    CONFIGS[f"rest-extra{_tokens}"] = ("--extra-context-tokens", str(_tokens))
 MODES = ("line", "typed")
 # Cumulative counters the stats would need for exact per-request deltas (not in the server's stats yet: without
 # them tokens/step and ms/token fall back to each process's running means, warm-up included).

@@ -34,6 +34,8 @@ class Settings:
     draft_exclude: tuple[str, ...] = ()  # draft sources left out (drafts.SOURCE_NAMES), for comparisons
     context_tokens: int = 1024  # prompt budget, prefix + suffix
     suffix_fraction: float = 0.25  # share of context_tokens kept for the suffix (FIM models only)
+    # other files' chunks before the file's window (service/extra_context.py), on top of context_tokens; 0 = none
+    extra_context_tokens: int = 0
     debounce_ms: int = 20  # wait this long before decoding; a newer request in the meantime wins
     document_cache_mb: int = 256  # KV caches kept for recently used documents besides the current one; 0 = none
     debounce_max_ms: int = 250  # the debounce follows the typing speed up to this (<= debounce_ms: fixed)
@@ -106,6 +108,7 @@ _RANGES = {
     "max_lines": (0, 10_000),
     "draft_budget": (0, 1024),
     "context_tokens": (16, 1 << 20),
+    "extra_context_tokens": (0, 1 << 20),
     "debounce_ms": (0, 10_000),
     "document_cache_mb": (0, 1 << 20),
     "debounce_max_ms": (0, 10_000),
@@ -178,6 +181,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "(default: none)")
     g.add_argument("--context-tokens", type=int, help="prompt budget in tokens (default: 1024)")
     g.add_argument("--suffix-fraction", type=float, help="share of the budget for the suffix, FIM only (default: 0.25)")
+    g.add_argument("--extra-context-tokens", type=int, help="tokens of other files' chunks (recently used files, the "
+                   "file's folder) before the file's window; 0 = none (default: 0)")
     g.add_argument("--debounce-ms", type=int, help="wait before decoding (default: 20)")
     g.add_argument("--document-cache-mb", type=int, help="memory for the KV caches of recently used documents, so "
                    "switching back to one prefills only what changed; 0 keeps none (default: 256)")

@@ -170,6 +170,18 @@ class Datastore:
         with self._lock:
             return list(self._docs)
 
+    def document_tokens(self, doc_id: str) -> np.ndarray | None:
+        """The tokens the datastore holds for `doc_id` (a view: never write to it), or None."""
+        with self._lock:
+            where = self._docs.get(doc_id)
+            segments = self._view.segments
+        if where is None:
+            return None
+        for seg in segments:
+            if seg.name == where[0]:
+                return seg.doc_tokens(where[1])
+        return None
+
     def segments(self) -> tuple[Segment, ...]:
         return self._view.segments
 

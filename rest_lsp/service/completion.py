@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rest_lsp.drafting.drafts import SOURCE_NAMES
+from rest_lsp.service.extra_context import ExtraContext, PromptHead
 from rest_lsp.service.feeding import DatastoreFeed, workspace_key
 from rest_lsp.service.postprocess import StopContext, stop_context, trim
 from rest_lsp.service.lifecycle import ServingModel, clamped, fit_context, load_serving_model
@@ -139,6 +140,8 @@ class CompletionService:
                                       self._count_cancelled, self._completion_failed, warm=self._warm,
                                       idle=self._idle_job, guess=self._guess_job)
         self._feed = DatastoreFeed(self)
+        self._extra = ExtraContext()  # other files' chunks before the file's window (extra_context.py)
+        self._extra_head = None  # (tokenizer, extra_context.PromptHead)
 
     # the feed holds the datastore and the indexes; these names stay for introspection and tests
     @property
@@ -328,6 +331,7 @@ class CompletionService:
 
         `doc_id` is the file's absolute path for files on disk, any other string otherwise.
         """
+        self._extra.used(doc_id)
         self._feed.open_buffer(doc_id, text)
 
     change_buffer = open_buffer
@@ -344,6 +348,7 @@ class CompletionService:
             self._cache.forget(doc_id)
             self._prefetch.forget_document(doc_id)
         self._starts.forget(doc_id)
+        self._extra.forget(doc_id)
         if model is not None:
             model.documents.forget(doc_id)
 
@@ -357,7 +362,7 @@ class CompletionService:
             model, s = self._model, self.settings
         if model is not None:
             model.documents.opened(doc_id)
-            self._starts.asked(doc_id, text[:offset], text[offset:], self._prompt_maker(model, s))
+            self._starts.asked(doc_id, text[:offset], text[offset:], self._prompt_maker(model, s, doc_id))
         ticket = self._requests.submit(doc_id, text[:offset], text[offset:], self._answer_now)
         # the next one likely comes here again: keep its prompt warm (its answer is known, or nothing to show)
         self._requests.expect(doc_id, text[:offset], text[offset:], edited=False)
@@ -488,19 +493,44 @@ class CompletionService:
                            held=held, first_line=first_line)
 
     def _prompt(self, model, s: Settings, doc_id: str, before: str, after: str) -> Prompt:
-        return self._starts.build(doc_id, before, after, self._prompt_maker(model, s))
+        return self._starts.build(doc_id, before, after, self._prompt_maker(model, s, doc_id))
 
-    def _prompt_maker(self, model, s: Settings):
+    def _prompt_maker(self, model, s: Settings, doc_id: str = ""):
         """make(before, after, keep_line) -> Prompt for this model and settings."""
         # The decoder refuses prompts that cannot fit with the new tokens and one draft tree.
-        budget = min(s.context_tokens, model.decoder.max_context - s.max_new_tokens - s.draft_budget - 1)
+        room = model.decoder.max_context - s.max_new_tokens - s.draft_budget - 1
+        budget = min(s.context_tokens, room)
+        extra_budget = min(s.extra_context_tokens, room - budget)
 
         def make(before: str, after: str, keep: int | None) -> Prompt:
+            extra = self._extra_ids(model, doc_id, before, after, extra_budget) if extra_budget > 0 else []
             with self._tok_lock:
                 return build_prompt(model.loaded.tokenizer.hf, before, after, budget=budget, fim=model.fim,
-                                    suffix_fraction=s.suffix_fraction, keep_line=keep)
+                                    suffix_fraction=s.suffix_fraction, keep_line=keep, extra=extra)
 
         return make
+
+    def _extra_ids(self, model, doc_id: str, before: str, after: str, budget: int) -> list[int]:
+        """Other files' chunks for a prompt in `doc_id`, chosen again only when its candidates change."""
+        with self._lock:
+            datastore, roots = self._feed.datastore, [str(r) for r in self._feed.roots]
+        tokenizer = model.loaded.tokenizer
+
+        def decode(ids) -> str:
+            with self._tok_lock:
+                return tokenizer.decode(ids)
+
+        head = self._extra_head
+        if head is None or head[0] is not tokenizer:  # its vocabulary is read once per model
+            head = self._extra_head = (tokenizer, PromptHead(tokenizer.hf, self._encode_with(tokenizer)))
+        head = head[1]
+        return self._extra.prompt_ids(doc_id, before, after, budget, datastore, head, decode, roots)
+
+    def _encode_with(self, tokenizer):
+        def encode(text: str) -> list[int]:
+            with self._tok_lock:
+                return tokenizer.encode(text)
+        return encode
 
     def _warm(self, expected: Expected, wanted) -> bool:
         """Idle work on the decoding thread: prefill what a request at `expected` would, in PREWARM_CHUNK pieces,

@@ -35,7 +35,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 # Never tokenize more than this many characters per budgeted token: a 5 MB file
 # costs the same as a small one.
@@ -215,7 +215,7 @@ def _suffix_window(hf_tokenizer: Any, after: str, budget: int) -> tuple[str, lis
 
 def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
                  fim: Fim | None, suffix_fraction: float = 0.25, split_line: bool = True,
-                 keep_line: int | None = None) -> Prompt:
+                 keep_line: int | None = None, extra: Sequence[int] = ()) -> Prompt:
     """Prompt ids for a cursor between `before` and `after`.
 
     With FIM: `suffix_fraction` of the budget goes to the suffix, what it leaves to the prefix. The hole starts
@@ -226,6 +226,8 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
     The prompt ends before the whitespace that `held_back` names.
     The prefix window starts at line `keep_line` (the last prompt's `start_line`) while the text from there fits;
     a line number past the cursor's, or negative, is ignored (see the module's note).
+    `extra` (other files' chunks, extra_context.py) goes right after the BOS, before the file's window and the FIM
+    markers, where typing never changes it; it comes on top of `budget`.
     """
     held = held_back(before)
     before = before[: len(before) - len(held)]
@@ -234,7 +236,7 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
         bos = [hf_tokenizer.bos_token_id]
     if fim is None:
         prefix, prefix_ids, start = _prefix_window(hf_tokenizer, before, budget - len(bos), keep_line)
-        return Prompt(bos + prefix_ids, prefix, "", None, held, start, held_tokens(hf_tokenizer, held))
+        return Prompt(bos + list(extra) + prefix_ids, prefix, "", None, held, start, held_tokens(hf_tokenizer, held))
     room = budget - len(bos) - 3  # the three FIM markers
     line, line_ids = _middle_so_far(hf_tokenizer, before, room // MIDDLE_SHARE) if split_line else ("", [])
     written = ""
@@ -244,7 +246,7 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
     suffix, suffix_ids = _suffix_window(hf_tokenizer, after, int(room * suffix_fraction))
     prefix, prefix_ids, start = _prefix_window(hf_tokenizer, before[: len(before) - len(line)],
                                                room - len(suffix_ids) - len(line_ids), keep_line)
-    ids = bos + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id] + line_ids
+    ids = bos + list(extra) + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id] + line_ids
     return Prompt(ids, prefix + line + written, suffix, fim, held, start, (), written)
 
 

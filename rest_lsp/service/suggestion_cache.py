@@ -27,7 +27,8 @@ INDENT_UNIT = "    "  # one level of auto-indent after a block opener, in a file
 def text_settings(settings) -> tuple:
     """The settings a suggestion's text depends on besides the model: a change makes every kept suggestion stale."""
     return (settings.max_new_tokens, settings.max_lines, settings.context_tokens, settings.suffix_fraction,
-            settings.time_budget_ms, settings.wait_budget_ms, settings.draft_budget, settings.draft_exclude)
+            settings.time_budget_ms, settings.wait_budget_ms, settings.draft_budget, settings.draft_exclude,
+            settings.extra_context_tokens)
 
 
 class SuggestionCache:
