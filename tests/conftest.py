@@ -21,7 +21,7 @@ from support import tiny_model_dirs  # noqa: E402
 # Tiny models run faster on one thread, and the suite shares its 2 cores with language-server subprocesses.
 torch.set_num_threads(1)
 
-# The dtype a load gets when none is asked for (REST_LSP_DTYPE, rest_lsp/engine/model.py) reaches the tests marked
+# The dtype a load gets when none is asked for (REST_LSP_DTYPE, rest_lsp/engine/runmode.py) reaches the tests marked
 # `default_dtype` only: dev.sh runs them a second time with it set, so the other default path runs on any machine;
 # every other test sees this machine's own default, whatever the shell that started pytest holds.
 FORCED_DTYPE = os.environ.pop("REST_LSP_DTYPE", None)

@@ -32,10 +32,6 @@ __all__ = ["DEFAULT_GGUF_NAME", "DEFAULT_MODEL", "LoadedModel", "ModelLoadError"
 
 log = logging.getLogger(__name__)
 
-# The dtype a load gets when none is asked for, in place of the machine's own default (as if --dtype named it):
-# `./dev.sh test` sets it for a second pass over the tests of the default mode, so the other path runs too.
-DTYPE_ENV = "REST_LSP_DTYPE"
-
 
 @dataclass
 class Tokenizer:
@@ -229,8 +225,6 @@ def _gguf_tokenizer(folder: str, gguf_file: str):
 
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    if dtype in (None, "", "auto") and os.environ.get(DTYPE_ENV):
-        dtype = os.environ[DTYPE_ENV]  # the user's default, or the tests' second pass: as if asked for
     mode = decide(device, dtype, gguf=_resolve(spec)[1] is not None)
     for note in mode.notes:
         log.warning(note)

@@ -9,6 +9,7 @@ from benchmarks/bench_tree_cost.py on the reference machines (benchmarks/RESULTS
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
@@ -21,12 +22,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # fp32 activations and arithmetic over fp16 copies of the linear weights (CPU, fbgemm): a step streams half the bytes
 # of fp32; the weights round to fp16 once, so it is not the exact mode (README, "Use": the modes).
 FP16_WEIGHTS = "float16-weights"
-
 # fp32 activations over Q8_0 weights (a GGUF's own blocks, other tensors requantized to them) on rest-lsp's integer
 # kernel (CPU, quant_matmul.py): a step streams about a quarter of fp32's bytes; each matmul's input rows are quantized
 # per block of 32, so it is not the exact mode, but a row's result does not depend on the rows beside it: REST output
 # is plain decoding's in this mode.
 Q8_WEIGHTS = "q8_0"
+# The dtype a load gets when none is asked for, in place of the machine's own default (as if --dtype named it):
+# `./dev.sh test` sets it for a second pass over the tests of the default mode, so the other path runs too.
+DTYPE_ENV = "REST_LSP_DTYPE"
+
 
 def mode_name(dtype: torch.dtype, packing: str | None) -> str:
     """The numerics outputs depend on: "float32", "bfloat16", "float16", "float16-weights" or "q8_0"."""
@@ -171,6 +175,8 @@ def decide(device: str | None, dtype: str | None, gguf: bool = False) -> RunMode
     """The mode a model loads and decodes in, from the user's `--device` and `--dtype` (None: the best here)."""
     from rest_lsp.engine.lean_llama import pick_packing
 
+    if dtype in (None, "", "auto") and os.environ.get(DTYPE_ENV):
+        dtype = os.environ[DTYPE_ENV]  # the user's default, or the tests' second pass: as if asked for
     dev = pick_device(device)
     dt, dtype_note = pick_dtype("float32" if dtype in (FP16_WEIGHTS, Q8_WEIGHTS) else dtype, dev)
     packing, note = None, None
