@@ -162,13 +162,18 @@ def test_background_merges_while_queries_run_see_whole_changes_only():
     threads = [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:
         t.start()
-    for i in range(300):
-        ds.apply([("x", [7, 9, 9, 9] if i % 2 else [7, 8, 8, 8], Source.WORKSPACE), (f"f{i}", [1] * 50, Source.WORKSPACE)])
-    stop.set()
-    for t in threads:
-        t.join()
-    assert ds.wait_for_merges(30)
-    ds.close()
+    try:
+        for i in range(300):
+            ds.apply([("x", [7, 9, 9, 9] if i % 2 else [7, 8, 8, 8], Source.WORKSPACE),
+                      (f"f{i}", [1] * 50, Source.WORKSPACE)])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    try:
+        assert ds.wait_for_merges(30)
+    finally:
+        ds.close()  # even when it fails: its merge thread must not run on into the next test's patches
     assert not errors
     assert reads, "the readers never read"
     assert len(ds.segments()) < 20
