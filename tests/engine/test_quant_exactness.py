@@ -76,6 +76,48 @@ def test_lean_engines_over_one_model_keep_their_own_packing(cpu_tiny):
     assert LeanLlama(cpu_tiny.model, 64, pack="q8").layers is q8.layers  # packed once per model
 
 
+def code_model_path():
+    """The code model's GGUF (../shared/models/get_qwen_coder.sh puts it there), or a skip."""
+    import os
+    from pathlib import Path
+
+    path = Path(os.environ.get("REST_LSP_CODE_MODEL") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                / "rest-lsp/models/qwen2.5-coder/qwen2.5-coder-0.5b-instruct.gguf")
+    if not path.is_file():
+        pytest.skip(f"no code model at {path} (../shared/models/get_qwen_coder.sh)")
+    return path
+
+
+@pytest.mark.slow
+def test_the_code_models_q8_0_tensors_run_as_the_files_own_blocks_and_rest_equals_plain():
+    """A real Q4_K_M GGUF (its Q8_0 tensors, among Q5_0, Q4_K, Q6_K ones) in the quantized mode: the Q8_0 tensors'
+    panels hold the file's own blocks (what transformers dequantized quantizes back to them), the others are
+    requantized to Q8_0; greedy REST writes what plain decoding writes."""
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM
+
+    from rest_lsp.drafting.drafts import ContextLookup, NgramDrafts
+    from rest_lsp.engine.model import LoadedModel
+
+    path = code_model_path()
+    if not quant_matmul.available():
+        pytest.skip("no C compiler here builds the quantized kernel")
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                 local_files_only=True).eval()
+    loaded = LoadedModel(model=model, tokenizer=None, device=torch.device("cpu"), dtype=torch.float32, name="code")
+    decoder = Decoder(loaded, pack="q8")
+    v = tensors["blk.0.attn_v.weight"]
+    assert v.tensor_type.name == "Q8_0"
+    qkv = decoder.lean.layers[0].qkv.panels  # rows: 896 query, 128 key, 128 value: the value rows are panels 64..71
+    own = quant_matmul.pack_blocks(*quant_matmul.from_gguf_q8_0(torch.from_numpy(v.data.copy()), 896))
+    assert torch.equal(qkv[64:72], own)
+    prompt = list(range(1000, 1040)) * 3 + [198, 750, 912]
+    truth = plain(decoder, prompt, 24)
+    for source in (ContextLookup(), NgramDrafts([prompt + truth])):
+        assert decoder.generate(prompt, source, DecodeConfig(max_new_tokens=24, budget=16)).tokens == truth
+
+
 def test_dtype_q8_0_loads_the_quantized_mode_and_elsewhere_says_why_not(monkeypatch):
     from rest_lsp.engine import runmode
 
