@@ -43,6 +43,7 @@ def pytest_configure(config):
         for name in KEPT_CACHE_FOLDERS:
             (session / name).symlink_to(cache.mkdir(f"rest-lsp-{name}"), target_is_directory=True)
     config.rest_lsp_cache_dir = session
+    config.rest_lsp_forced_dtype = FORCED_DTYPE
     os.environ["REST_LSP_CACHE_DIR"] = str(session)  # subprocesses (servers, the CLI) inherit it
 
 

@@ -27,7 +27,5 @@ def test_an_unmarked_test_sees_no_forced_dtype():
 
 
 @pytest.mark.default_dtype
-def test_a_marked_test_sees_the_forced_dtype_when_one_was_given():
-    import conftest
-
-    assert os.environ.get("REST_LSP_DTYPE") == conftest.FORCED_DTYPE
+def test_a_marked_test_sees_the_forced_dtype_when_one_was_given(pytestconfig):
+    assert os.environ.get("REST_LSP_DTYPE") == pytestconfig.rest_lsp_forced_dtype
