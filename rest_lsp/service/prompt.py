@@ -223,7 +223,8 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
     cursor follows the middle marker, as the start of the middle (`split_line`; else the hole starts at the
     cursor): typing then changes only the prompt's last tokens, and the decoder's cache keeps the suffix, which
     a hole at the cursor would make it prefill again at every keystroke.
-    The prompt ends before the whitespace that `held_back` names.
+    Without FIM the prompt ends before the whitespace that `held_back` names; a FIM prompt holds it up to the
+    whitespace the first word's token takes (`held_written`).
     The prefix window starts at line `keep_line` (the last prompt's `start_line`) while the text from there fits;
     a line number past the cursor's, or negative, is ignored (see the module's note).
     `extra` (other files' chunks, extra_context.py) goes right after the BOS, before the file's window and the FIM
