@@ -117,7 +117,7 @@ _RANGES = {
     "suggestion_cache_size": (0, 100_000),
     "max_file_bytes": (1, 1 << 34),
 }
-_DTYPES = ("float32", "float16", "bfloat16", "float16-weights", "auto")
+_DTYPES = ("float32", "float16", "bfloat16", "float16-weights", "q8_0", "auto")
 
 
 def _check(name: str, value: Any) -> Any:

@@ -168,9 +168,11 @@ class UntrustedCache(OSError):
     """The kernel cache folder could be changed by another user: nothing in it is loaded, nothing built there."""
 
 
-def _key(flags: tuple[str, ...], version: str) -> str:
-    """What a library depends on: source, every flag (OpenMP's included), compiler version, CPU features."""
-    return hashlib.sha256("\0".join([SOURCE, " ".join(flags), version, _machine()]).encode()).hexdigest()[:16]
+def _key(flags: tuple[str, ...], version: str, source: str | None = None, libs: tuple[str, ...] = ()) -> str:
+    """What a library depends on: source (the panel kernel's by default), every flag (OpenMP's and -march's
+    included), the libraries it links, compiler version, CPU features."""
+    parts = [SOURCE if source is None else source, " ".join(flags), version, _machine()]
+    return hashlib.sha256("\0".join(parts + ([" ".join(libs)] if libs else [])).encode()).hexdigest()[:16]
 
 
 def _not_private(st: os.stat_result) -> str | None:
@@ -227,7 +229,7 @@ def _load_verified(target: Path) -> ctypes.CDLL | None:
     except FileNotFoundError:
         return None
     except OSError as err:
-        log.warning("The cached panel kernel %s is not loaded (%s): it is built again.", target, err.strerror or err)
+        log.warning("The cached kernel %s is not loaded (%s): it is built again.", target, err.strerror or err)
         return None
     try:
         st = os.fstat(fd)
@@ -242,7 +244,7 @@ def _load_verified(target: Path) -> ctypes.CDLL | None:
             if problem is None and not hmac.compare_digest(digest, recorded):
                 problem = "its sha256 is not the one recorded when it was built"
         if problem is not None:
-            log.warning("The cached panel kernel %s is not loaded (%s): it is built again.", target, problem)
+            log.warning("The cached kernel %s is not loaded (%s): it is built again.", target, problem)
             return None
         path = f"/proc/self/fd/{fd}"
         if not os.path.exists(path):
@@ -255,16 +257,17 @@ def _load_verified(target: Path) -> ctypes.CDLL | None:
             os.close(fd)
 
 
-def _compile(cc: str, flags: tuple[str, ...], target: Path) -> str | None:
-    """Builds `target` with its sha256 record beside it (each written whole, then renamed into place: another
-    process building the same library meanwhile is harmless); the compiler's complaint when it fails."""
+def _compile(cc: str, flags: tuple[str, ...], target: Path, source: str, libs: tuple[str, ...] = ()) -> str | None:
+    """Builds `target` from `source` with its sha256 record beside it (each written whole, then renamed into
+    place: another process building the same library meanwhile is harmless); the compiler's complaint when it
+    fails."""
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         # relative names: the library's bytes do not depend on the temporary folder, so concurrent builds agree
-        Path(tmp, "panel_matmul.c").write_text(SOURCE)
-        done = _run([cc, *flags, "panel_matmul.c", "-o", "panel_matmul.so"], cwd=Path(tmp))
+        Path(tmp, "kernel.c").write_text(source)
+        done = _run([cc, *flags, "kernel.c", "-o", "kernel.so", *libs], cwd=Path(tmp))
         if done.returncode != 0:
             return done.stderr.strip()
-        out, record = Path(tmp, "panel_matmul.so"), Path(tmp, "panel_matmul.sha256")
+        out, record = Path(tmp, "kernel.so"), Path(tmp, "kernel.sha256")
         os.chmod(out, 0o700)
         record.write_text(hashlib.sha256(out.read_bytes()).hexdigest() + "\n")
         os.chmod(record, 0o600)
@@ -273,23 +276,32 @@ def _compile(cc: str, flags: tuple[str, ...], target: Path) -> str | None:
     return None
 
 
-def _build(cc: str, folder: Path) -> ctypes.CDLL:
-    """The compiled library, loaded: from `folder` where a verified one is kept, else built there (with OpenMP
-    first, then without: one thread, `panel_threaded`); OSError when it cannot be, UntrustedCache (an OSError)
-    when the folder is not this user's alone."""
+def build_and_load(cc: str, folder: Path, stem: str, source: str, variants: tuple[tuple[str, ...], ...],
+                   libs: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The one way a kernel of ours is built and loaded (this one and quant_matmul's): the library of `source`,
+    compiled with the first of `variants` (each a full set of flags) that builds, kept in `folder` as
+    `{stem}-{key}.so` with its sha256 beside it, loaded only from a folder of this user's alone and only when its
+    bytes match that record (else built again). OSError when no variant builds, UntrustedCache (an OSError) when
+    the folder is not this user's alone. The caller checks the library's results before it uses it."""
     _private_folder(folder)
     version = _run([cc, "--version"]).stdout
     errors = ""
-    for flags in (FLAGS + OPENMP, FLAGS):
-        target = folder / f"panel_matmul-{_key(flags, version)}.so"
+    for flags in variants:
+        target = folder / f"{stem}-{_key(flags, version, source, libs)}.so"
         lib = _load_verified(target)
         if lib is None:
-            errors = _compile(cc, flags, target) or ""
+            errors = _compile(cc, flags, target, source, libs) or ""
             lib = None if errors else _load_verified(target)
         if lib is not None:
             return lib
     lines = errors.splitlines()
     raise OSError(next((line for line in lines if "error" in line), lines[-1] if lines else f"{cc} failed"))
+
+
+def _build(cc: str, folder: Path) -> ctypes.CDLL:
+    """The panel kernel's library, loaded (`build_and_load`): with OpenMP first, then without (one thread,
+    `panel_threaded`)."""
+    return build_and_load(cc, folder, "panel_matmul", SOURCE, (FLAGS + OPENMP, FLAGS))
 
 
 def _checked(lib: ctypes.CDLL) -> ctypes.CDLL:

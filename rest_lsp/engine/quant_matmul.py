@@ -22,24 +22,23 @@ quantization. Paths, by what the compiler targets (`-march`): AVX-512 VNNI (zmm,
 block's weights in registers), AVX-VNNI (ymm), AVX2 (`vpmaddubsw` over |w| and x signed as w, no saturation
 since |x| <= 127), portable C. The panels are split between torch's OpenMP threads as in panel_matmul.py.
 
-Built and kept like the panel kernel (panel_matmul's compiler, cache folder and machine key), checked against a
-reference product before use; where it cannot be built, `available()` is False.
+Built, kept and loaded by panel_matmul's one path (`panel_matmul.build_and_load`: its compiler, a cache folder of
+this user's alone, a key over every flag, -march and OpenMP's included, the sha256 recorded at build time checked
+before the library is loaded), then checked against a reference product before use; where it cannot be built or
+the cache folder is not this user's alone, `available()` is False.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
-from rest_lsp.engine import panel_matmul  # its compiler, cache folder and machine key; defines the op namespace
-from rest_lsp.engine.panel_matmul import _compiler, _machine, _run, kernel_folder
+from rest_lsp.engine import panel_matmul  # its compiler, cache folder and build-and-load path; the op namespace
+from rest_lsp.engine.panel_matmul import UntrustedCache, _compiler, build_and_load, kernel_folder
 
 log = logging.getLogger(__name__)
 
@@ -299,32 +298,22 @@ PATHS = {3: "AVX-512 VNNI", 2: "AVX-VNNI", 1: "AVX2", 0: "portable C"}
 # -ffp-contract=off: every multiply and add rounds where the source says (the fused ones are written as such)
 FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")
 NATIVE = "-march=native"
+OPENMP = panel_matmul.OPENMP  # tried first; the key covers it, so a library built without it is another library
+LIBS = ("-lm",)
 
 _lock = threading.Lock()
 _libraries: dict[str, ctypes.CDLL | None] = {}  # march -> the library once tried (None: not built, or it failed)
 
 
-def _build(cc: str, folder: Path, march: str) -> Path:
-    """The compiled library for `march` in `folder` (built once per source, flags, compiler and CPU)."""
-    version = _run([cc, "--version"]).stdout
-    key = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), march, version, _machine()]).encode()).hexdigest()[:16]
-    target = folder / f"quant_matmul-{key}.so"
-    if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        src = Path(tmp) / "quant_matmul.c"
-        src.write_text(SOURCE)
-        out = Path(tmp) / target.name
-        errors = ""
-        for extra in (["-fopenmp"], []):  # with OpenMP first, then one thread (`quant_threaded`)
-            done = _run([cc, *FLAGS, march, *extra, str(src), "-o", str(out), "-lm"])
-            if done.returncode == 0:
-                os.replace(out, target)  # atomic: another process building the same library meanwhile is harmless
-                return target
-            errors = done.stderr.strip()
-        lines = errors.splitlines()
-        raise OSError(next((line for line in lines if "error" in line), lines[-1] if lines else f"{cc} failed"))
+def variants(march: str) -> tuple[tuple[str, ...], ...]:
+    """The flags the library for `march` is built with, in the order tried: OpenMP, then one thread."""
+    return (FLAGS + (march,) + OPENMP, FLAGS + (march,))
+
+
+def _build(cc: str, folder: Path, march: str) -> ctypes.CDLL:
+    """The library for `march`, loaded through panel_matmul's one hardened path (`build_and_load`); OSError when
+    it cannot be built, UntrustedCache when the folder is not this user's alone."""
+    return build_and_load(cc, folder, "quant_matmul", SOURCE, variants(march), LIBS)
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -367,7 +356,10 @@ def library(march: str = NATIVE, folder: Path | None = None) -> ctypes.CDLL | No
             log.info("No C compiler here (CC, cc, gcc): the quantized mode cannot run.")
         else:
             try:
-                lib = _checked(_bind(ctypes.CDLL(str(_build(cc, folder or kernel_folder(), march)))))
+                lib = _checked(_bind(_build(cc, folder or kernel_folder(), march)))
+            except UntrustedCache as err:
+                log.warning("The kernel cache folder is not this user's alone (%s): the quantized mode cannot run.",
+                            err)
             except Exception as err:  # noqa: BLE001 - whatever went wrong, the other modes still run
                 log.warning("The quantized kernel could not be built with %s %s (%s): the quantized mode cannot run.",
                             cc, march, err)

@@ -1,4 +1,5 @@
-"""The panel kernel's cache folder (rest_lsp/engine/panel_matmul.py): only a library this user built is loaded.
+"""The kernels' cache folder (rest_lsp/engine/panel_matmul.py, and quant_matmul.py through the same path): only a
+library this user built is loaded.
 
 A library planted under the predictable name runs its code the moment it is loaded (a constructor), before any
 check of its results: so each test plants one whose constructor writes a marker file, and the marker must never
@@ -14,7 +15,7 @@ import subprocess
 
 import pytest
 
-from rest_lsp.engine import panel_matmul
+from rest_lsp.engine import panel_matmul, quant_matmul
 
 cc = panel_matmul._compiler()
 needs_cc = pytest.mark.skipif(cc is None, reason="no C compiler here")
@@ -130,3 +131,90 @@ def test_a_library_built_without_openmp_is_not_taken_for_one_built_with_it(kerne
     assert built.panel_threaded() == 0
     assert panel_matmul._build(cc, kernels).panel_threaded() == 1
 
+
+
+# -- the quantized kernel (rest_lsp/engine/quant_matmul.py) goes through the same path --------------------------------
+
+@pytest.fixture
+def quant_kernels(monkeypatch, tmp_path):
+    """An empty kernel folder of the test's own, the quantized kernel looked for again."""
+    monkeypatch.setattr(quant_matmul, "_libraries", {})
+    monkeypatch.setattr(quant_matmul, "kernel_folder", lambda: tmp_path / "cache" / "kernels")
+    return tmp_path / "cache" / "kernels"
+
+
+def quant_names(folder, march=quant_matmul.NATIVE):
+    """The paths the quantized kernel for `march` is looked for at, with OpenMP and without."""
+    version = panel_matmul._run([cc, "--version"]).stdout
+    return [folder / f"quant_matmul-{panel_matmul._key(flags, version, quant_matmul.SOURCE, quant_matmul.LIBS)}.so"
+            for flags in quant_matmul.variants(march)]
+
+
+def plant_quant(target, marker):
+    """A working quantized kernel with a constructor that writes `marker`."""
+    src = target.parent.parent / "planted_quant.c"
+    src.write_text(quant_matmul.SOURCE + '\n#include <stdio.h>\n__attribute__((constructor)) static void planted(void)'
+                   f' {{ FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("planted", f); fclose(f); }} }}\n')
+    subprocess.run([cc, *quant_matmul.variants(quant_matmul.NATIVE)[0], str(src), "-o", str(target),
+                    *quant_matmul.LIBS], check=True)
+
+
+@needs_cc
+def test_a_quant_library_in_a_folder_others_may_write_is_refused_and_does_not_run(quant_kernels, tmp_path, caplog):
+    quant_kernels.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    for target in quant_names(quant_kernels):
+        plant_quant(target, marker)
+    quant_kernels.chmod(0o757)
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.quant_matmul"):
+        assert quant_matmul.library() is None
+    assert not marker.exists()
+    assert warnings_of(caplog) == [
+        (f"The kernel cache folder is not this user's alone ({quant_kernels} is writable by group or others (mode "
+         "757)): the quantized mode cannot run.")]
+    assert sorted(p.name for p in quant_kernels.iterdir()) == sorted(t.name for t in quant_names(quant_kernels))
+
+
+@needs_cc
+@pytest.mark.parametrize("how", ["replaced", "no record", "a link"])
+def test_a_quant_library_that_is_not_the_one_built_is_built_again_not_loaded(quant_kernels, tmp_path, caplog, how):
+    """A planted library under the quantized kernel's predictable name (the case panel_matmul's hardening had
+    left open for it) is refused like the panel kernel's: its code never runs, the kernel is built again."""
+    quant_kernels.mkdir(parents=True, mode=0o700)
+    target = quant_names(quant_kernels)[0]
+    record = target.with_name(target.name + ".sha256")
+    marker = tmp_path / "ran"
+    if how == "a link":
+        elsewhere = tmp_path / "elsewhere.so"
+        plant_quant(elsewhere, marker)
+        target.symlink_to(elsewhere)
+        record.write_text(hashlib.sha256(elsewhere.read_bytes()).hexdigest() + "\n")
+        record.chmod(0o600)
+    else:
+        plant_quant(target, marker)
+        target.chmod(0o700)
+        if how == "replaced":  # a record of other bytes (what the library was before it was replaced)
+            record.write_text(hashlib.sha256(b"the library that was built").hexdigest() + "\n")
+            record.chmod(0o600)
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.quant_matmul"):
+        assert quant_matmul.library() is not None
+    assert not marker.exists()
+    assert len(warnings_of(caplog)) == 1 and "is not loaded" in caplog.text and "it is built again" in caplog.text
+    assert not target.is_symlink()
+    assert record.read_text().strip() == hashlib.sha256(target.read_bytes()).hexdigest()
+    assert [oct(p.stat().st_mode & 0o777) for p in (target, record)] == ["0o700", "0o600"]
+
+
+@needs_cc
+def test_the_quant_librarys_key_covers_its_flags(quant_kernels, tmp_path):
+    """-march and OpenMP are in the key: a one-thread library left by a compiler without OpenMP is not taken for
+    the threaded one, and the library of one -march is never loaded for another."""
+    names = {march: quant_names(quant_kernels, march) for march in (quant_matmul.NATIVE, "-march=haswell")}
+    assert len({p for paths in names.values() for p in paths}) == 4
+    no_openmp = tmp_path / "cc-without-openmp"
+    no_openmp.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec {shutil.which(cc)} '
+                         '"$@"\n')
+    no_openmp.chmod(0o755)
+    assert quant_matmul._build(str(no_openmp), quant_kernels, quant_matmul.NATIVE).quant_threaded() == 0
+    assert quant_matmul._build(cc, quant_kernels, quant_matmul.NATIVE).quant_threaded() == 1
+    assert sorted(p.name for p in quant_kernels.glob("*.so")) == sorted(p.name for p in names[quant_matmul.NATIVE])

@@ -203,3 +203,17 @@ def test_without_a_compiler_there_is_no_quantized_mode(monkeypatch, fresh_librar
     assert quant_matmul.library() is None
     with pytest.raises(ValueError, match="q8 cannot pack"):
         pick_packing("q8", torch.float32, torch.device("cpu"))
+
+
+def test_the_settings_accept_q8_0_as_a_dtype():
+    """The server's --dtype and the editor's setting take the mode `rest-lsp generate --dtype q8_0` runs."""
+    import argparse
+
+    from rest_lsp.settings import Settings, add_arguments
+
+    settings, errors = Settings().update({"dtype": "q8_0"})
+    assert errors == [] and settings.dtype == "q8_0"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert Settings.from_args(parser.parse_args(["--dtype", "q8_0"])).dtype == "q8_0"
+    assert Settings().update({"dtype": "q8"})[1]  # still one of the listed values only
