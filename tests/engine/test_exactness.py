@@ -32,6 +32,30 @@ def corrupted(tokens, every, vocab, rnd):
     return [rnd.randrange(vocab) if i % every == every - 1 else t for i, t in enumerate(tokens)]
 
 
+def plain_tokens(decoder, prompt, n=N_NEW):
+    """What plain decoding writes after `prompt` on this decoder's own step (no drafts, budget 0)."""
+    from rest_lsp.drafting.drafts import NoDrafts
+
+    return decoder.generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=n, budget=0)).tokens
+
+
+def assert_rest_is_plain_decoding(decoder, vocab, budgets=(4, 16), seeds=range(3)):
+    """Perfect, useless, partly right and branchy drafts at each budget: every completion is plain decoding's on the
+    same decoder, and perfect drafts are taken several tokens a step."""
+    for seed in seeds:
+        rnd = random.Random(seed)
+        prompt = [rnd.randrange(vocab) for _ in range(rnd.randrange(5, 30))]
+        truth = plain_tokens(decoder, prompt)
+        sources = draft_sources(prompt, truth, vocab, rnd)
+        for name in ("perfect", "useless", "partly", "branchy", "all"):
+            for budget in budgets:
+                result = decoder.generate(prompt, sources[name], DecodeConfig(max_new_tokens=N_NEW, budget=budget,
+                                                                              fit_to_cost=False))
+                assert result.tokens == truth, (name, seed, budget)
+        assert decoder.generate(prompt, sources["perfect"], DecodeConfig(max_new_tokens=N_NEW, budget=16,
+                                                                         fit_to_cost=False)).tokens_per_step > 3
+
+
 def draft_sources(prompt, truth, vocab, rnd):
     """Perfect, useless, partly right and branchy sources for one prompt whose true continuation is `truth`."""
     full = prompt + truth

@@ -4,7 +4,6 @@ Not the exact mode: the weights round to fp16 once, so its output may leave fp32
 What it promises is REST's own: greedy REST output is what plain decoding in the same mode writes.
 """
 
-import random
 
 import pytest
 import torch
@@ -13,16 +12,10 @@ from rest_lsp.engine.decoding import DecodeConfig, Decoder
 from rest_lsp.engine.lean_llama import LeanLlama, Matmul, fp16_packs, pick_packing
 from rest_lsp.engine.runmode import FP16_WEIGHTS, pick_weight_packing
 from rest_lsp.settings import Settings
-from test_exactness import N_NEW, draft_sources
+from test_exactness import assert_rest_is_plain_decoding, plain_tokens
 
 pytestmark = pytest.mark.skipif(not fp16_packs(torch.float32, torch.device("cpu")),
                                 reason="this torch has no fbgemm fp16 kernels")
-
-
-def plain(decoder, prompt, n=N_NEW):
-    from rest_lsp.drafting.drafts import NoDrafts
-
-    return decoder.generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=n, budget=0)).tokens
 
 
 @pytest.fixture()
@@ -46,19 +39,7 @@ def test_greedy_rest_equals_plain_decoding_in_the_same_mode(cpu_tiny):
     the ones a one-token step of float16-weights picks."""
     decoder = Decoder(cpu_tiny, pack="fp16")
     assert decoder.engine == "lean-fp16"
-    vocab = cpu_tiny.model.config.vocab_size
-    for seed in range(3):
-        rnd = random.Random(seed)
-        prompt = [rnd.randrange(vocab) for _ in range(rnd.randrange(5, 30))]
-        truth = plain(decoder, prompt)
-        sources = draft_sources(prompt, truth, vocab, rnd)
-        for name in ("perfect", "useless", "partly", "branchy", "all"):
-            for budget in (4, 16):
-                result = decoder.generate(prompt, sources[name], DecodeConfig(max_new_tokens=N_NEW, budget=budget,
-                                                                              fit_to_cost=False))
-                assert result.tokens == truth, (name, seed, budget)
-        assert decoder.generate(prompt, sources["perfect"], DecodeConfig(max_new_tokens=N_NEW, budget=16,
-                                                                         fit_to_cost=False)).tokens_per_step > 3
+    assert_rest_is_plain_decoding(decoder, cpu_tiny.model.config.vocab_size, budgets=(4, 16))
 
 
 def test_the_default_model_in_float16_weights_drafts_what_it_decodes(default_model):
@@ -70,7 +51,7 @@ def test_the_default_model_in_float16_weights_drafts_what_it_decodes(default_mod
     prompt = tok.encode("import os\n\n\ndef list_python_files(folder):\n"
                         '    """Return the paths of the Python files under folder."""\n    result = []\n')
     decoder = Decoder(default_model, pack="fp16")
-    truth = plain(decoder, prompt, 32)
+    truth = plain_tokens(decoder, prompt, 32)
     for source in (ContextLookup(), NgramDrafts([prompt + truth])):
         assert decoder.generate(prompt, source, DecodeConfig(max_new_tokens=32, budget=16)).tokens == truth
     # the fp16 copies are the model's weights rounded once: the logits stay within fp16's rounding of fp32's

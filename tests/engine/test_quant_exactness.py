@@ -5,7 +5,6 @@ is REST's own: a row's result does not depend on the rows beside it, so greedy R
 in the same mode writes, with any drafts.
 """
 
-import random
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch
 from rest_lsp.engine import quant_matmul
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
 from rest_lsp.engine.lean_llama import LeanLlama
-from test_exactness import N_NEW, draft_sources
+from test_exactness import assert_rest_is_plain_decoding, plain_tokens
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,30 +31,12 @@ def cpu_tiny(tiny):
     return tiny
 
 
-def plain(decoder, prompt, n=N_NEW):
-    from rest_lsp.drafting.drafts import NoDrafts
-
-    return decoder.generate(prompt, NoDrafts(), DecodeConfig(max_new_tokens=n, budget=0)).tokens
-
-
 def test_greedy_rest_equals_plain_decoding_in_the_quantized_mode(cpu_tiny):
     """Perfect, useless, partly right and branchy drafts, trees of 4-24 nodes (one to three tiles of rows):
     every step's accepted tokens are the ones a one-token step of the quantized mode picks."""
     decoder = Decoder(cpu_tiny, pack="q8")
     assert decoder.engine == "lean-q8" and decoder.lean.layers[0].qkv.packing == "q8"
-    vocab = cpu_tiny.model.config.vocab_size
-    for seed in range(3):
-        rnd = random.Random(seed)
-        prompt = [rnd.randrange(vocab) for _ in range(rnd.randrange(5, 30))]
-        truth = plain(decoder, prompt)
-        sources = draft_sources(prompt, truth, vocab, rnd)
-        for name in ("perfect", "useless", "partly", "branchy", "all"):
-            for budget in (4, 16, 24):
-                result = decoder.generate(prompt, sources[name], DecodeConfig(max_new_tokens=N_NEW, budget=budget,
-                                                                              fit_to_cost=False))
-                assert result.tokens == truth, (name, seed, budget)
-        assert decoder.generate(prompt, sources["perfect"], DecodeConfig(max_new_tokens=N_NEW, budget=16,
-                                                                         fit_to_cost=False)).tokens_per_step > 3
+    assert_rest_is_plain_decoding(decoder, cpu_tiny.model.config.vocab_size, budgets=(4, 16, 24))
 
 
 def test_the_quantized_step_is_the_q8_0_product_of_the_models_weights(cpu_tiny):
@@ -113,7 +94,7 @@ def test_the_code_models_q8_0_tensors_run_as_the_files_own_blocks_and_rest_equal
     own = quant_matmul.pack_blocks(*quant_matmul.from_gguf_q8_0(torch.from_numpy(v.data.copy()), 896))
     assert torch.equal(qkv[64:72], own)
     prompt = list(range(1000, 1040)) * 3 + [198, 750, 912]
-    truth = plain(decoder, prompt, 24)
+    truth = plain_tokens(decoder, prompt, 24)
     for source in (ContextLookup(), NgramDrafts([prompt + truth])):
         assert decoder.generate(prompt, source, DecodeConfig(max_new_tokens=24, budget=16)).tokens == truth
 
