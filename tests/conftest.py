@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rest_lsp.engine.model import LoadedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # support.py and step_gate.py, for every test folder
-from support import tiny_model_dirs  # noqa: E402
+from support import TEST_DEVICE, tiny_model, tiny_model_dirs  # noqa: E402
 
 # Tiny models run faster on one thread, and the suite shares its 2 cores with language-server subprocesses.
 torch.set_num_threads(1)
@@ -57,35 +56,6 @@ def pytest_unconfigure(config):
 def _forced_dtype(request, monkeypatch):
     if FORCED_DTYPE and request.node.get_closest_marker("default_dtype"):
         monkeypatch.setenv("REST_LSP_DTYPE", FORCED_DTYPE)
-# Where the model fixtures run: the CPU, unless a GPU run of the exactness tests asks for another device
-# (REST_LSP_TEST_DEVICE=cuda; see benchmarks/gpu_check.sh).
-TEST_DEVICE = torch.device(os.environ.get("REST_LSP_TEST_DEVICE", "cpu"))
-
-
-def tiny_model(arch: str, vocab_size: int = 97, seed: int = 0, max_positions: int = 512) -> LoadedModel:
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    elif arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
-        raise ValueError(arch)
-    model.eval().to(TEST_DEVICE)
-    return LoadedModel(model=model, tokenizer=None, device=TEST_DEVICE, dtype=torch.float32, name=arch)
-
-
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny(request) -> LoadedModel:
     return tiny_model(request.param)
@@ -96,21 +66,6 @@ def default_model() -> LoadedModel:
     from rest_lsp.engine.model import load_model
 
     return load_model(None, str(TEST_DEVICE), "float32")
-
-
-def tiny_folder(path: Path) -> Path:
-    """A one-layer random Llama and a word-level tokenizer saved as a local model folder."""
-    from tokenizers import Tokenizer as RawTokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1,
-                                 max_position_embeddings=64)).save_pretrained(path)
-    raw = RawTokenizer(models.WordLevel({f"w{i}": i for i in range(31)} | {"[UNK]": 31}, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="w0", unk_token="[UNK]").save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -12,14 +12,17 @@ They are built once and kept in pytest's cache folder.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import pytest
+import torch
 from lsprotocol import types
 from pytest_lsp import client_capabilities, make_test_lsp_client
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rest_lsp.engine.model import LoadedModel
 
 REPO = Path(__file__).resolve().parents[1]
 CAPABILITIES = REPO / "tests" / "data"
@@ -221,3 +224,49 @@ def inline(client, uri: str, line: int, character: int, **kw):
 def cursor_at_end(text: str) -> tuple[int, int]:
     lines = text.split("\n")
     return len(lines) - 1, len(lines[-1])
+
+
+TEAM_TOKEN = "s3cret-token-for-tests-0123456789"  # the team server tests' bearer token
+
+# Where the model fixtures run: the CPU, unless a GPU run of the exactness tests asks for another device
+# (REST_LSP_TEST_DEVICE=cuda; see benchmarks/gpu_check.sh).
+TEST_DEVICE = torch.device(os.environ.get("REST_LSP_TEST_DEVICE", "cpu"))
+
+
+def tiny_model(arch: str, vocab_size: int = 97, seed: int = 0, max_positions: int = 512) -> LoadedModel:
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        raise ValueError(arch)
+    model.eval().to(TEST_DEVICE)
+    return LoadedModel(model=model, tokenizer=None, device=TEST_DEVICE, dtype=torch.float32, name=arch)
+
+
+def tiny_folder(path: Path) -> Path:
+    """A one-layer random Llama and a word-level tokenizer saved as a local model folder."""
+    from tokenizers import Tokenizer as RawTokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1,
+                                 max_position_embeddings=64)).save_pretrained(path)
+    raw = RawTokenizer(models.WordLevel({f"w{i}": i for i in range(31)} | {"[UNK]": 31}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="w0", unk_token="[UNK]").save_pretrained(path)
+    return path

@@ -119,7 +119,7 @@ def test_a_node_the_walk_reaches_outside_the_batch_brings_the_likeliest_nodes_be
     import torch
 
     from rest_lsp.engine.decoding import Decoder, below
-    from conftest import tiny_model
+    from support import tiny_model
 
     # 0 -> 1 -> 2 -> 3, 1 -> 4, 0 -> 5 -> 6
     tree = DraftTree([9, 1, 2, 3, 4, 5, 6], [-1, 0, 1, 2, 1, 0, 5], [0, 1, 2, 3, 2, 1, 2],

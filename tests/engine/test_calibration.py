@@ -19,7 +19,7 @@ from rest_lsp.engine.runmode import PACKINGS, cost_curve
 from rest_lsp.drafting.draft_tree import DraftTree, fit_to_cost
 from rest_lsp.drafting.drafts import Proposal
 
-from conftest import tiny_folder, tiny_model
+from support import tiny_folder, tiny_model
 
 # Small and quick on a tiny model: what is tested is the plumbing, not the numbers.
 QUICK = dict(sizes=(1, 2, 4, 8), context=48, repeats=1)

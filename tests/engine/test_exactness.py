@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from conftest import tiny_model
+from support import tiny_model
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 

@@ -7,7 +7,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 
 from rest_lsp.engine.lean_llama import LeanLlama, Norm, panel_packs, query_scale
 
-from conftest import tiny_model
+from support import tiny_model
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_folder
+from support import tiny_folder
 from transformers import LlamaForCausalLM
 
 from rest_lsp.engine import model

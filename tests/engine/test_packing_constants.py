@@ -4,7 +4,7 @@ brings (rest_lsp/engine/runmode.py, PACKINGS). The rows hold the numbers the REA
 
 import pytest
 import torch
-from conftest import tiny_model
+from support import tiny_model
 
 from rest_lsp.engine import panel_matmul
 from rest_lsp.engine.decoding import Decoder

@@ -169,7 +169,7 @@ def test_the_kernel_computes_what_f_linear_does_on_two_threads(two_threads, m, n
 def test_where_a_compiler_exists_fp32_steps_run_on_the_kernel_built_with_openmp():
     """Not skipped where a compiler exists: a kernel that cannot be built or loaded, or one built without OpenMP
     (one thread), must turn this red rather than leave the kernel's tests skipped and the steps on oneDNN."""
-    from conftest import tiny_model
+    from support import tiny_model
     from rest_lsp.engine.decoding import Decoder
 
     if panel_matmul._compiler() is None:

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 import torch
-from conftest import tiny_model
+from support import tiny_model
 from support import greedy, wait_for
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 

@@ -15,7 +15,7 @@ import torch
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
 from rest_lsp.drafting.drafts import NgramDrafts, NoDrafts
 
-from conftest import tiny_model
+from support import tiny_model
 
 VOCAB, LENGTH = 5, 3
 RUNS = 2500  # REST, the claim itself

@@ -10,7 +10,7 @@ import torch
 from rest_lsp.drafting.draft_tree import DraftTree, tree_attention_mask
 from rest_lsp.engine.lean_llama import CACHE_BLOCK, STEP_BUCKETS, LeanLlama
 
-from conftest import tiny_model
+from support import tiny_model
 
 
 def random_tree(n: int, rnd: random.Random, vocab: int) -> DraftTree:

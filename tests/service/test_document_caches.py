@@ -1,7 +1,7 @@
 """A closed document keeps no KV cache (issue 29, item 10): neither the one kept for it nor the decoder's own, once
 the decoder moves on, nor one that work still under way for it leaves behind; one opened again keeps its cache."""
 
-from conftest import tiny_model
+from support import tiny_model
 
 from rest_lsp.engine.decoding import Decoder
 from rest_lsp.service.completion import CompletionService

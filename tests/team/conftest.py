@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-TOKEN = "s3cret-token-for-tests-0123456789"
+from support import TEAM_TOKEN as TOKEN  # noqa: E402
 
 
 @pytest.fixture(scope="module")

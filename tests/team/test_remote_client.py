@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import TOKEN
+from support import TEAM_TOKEN as TOKEN
 
 from rest_lsp.service.completion import CompletionService
 from rest_lsp.settings import Settings

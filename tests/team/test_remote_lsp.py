@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import TOKEN
+from support import TEAM_TOKEN as TOKEN
 from support import command, cursor_at_end, greedy, inline, open_doc, start, wait_until
 
 BEFORE = "def add(a, b):\n    return a + b\n\nresult = add("

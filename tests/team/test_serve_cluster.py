@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import TOKEN
+from support import TEAM_TOKEN as TOKEN
 
 from rest_lsp.service.completion import CompletionService, NoEvents
 from rest_lsp.settings import Settings
