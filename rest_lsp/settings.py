@@ -24,7 +24,7 @@ SECTION_NAMES = ("rest-lsp", "restLsp", "rest_lsp")
 class Settings:
     model: str | None = None  # HF hub id, local folder or .gguf file; None = the bundled default
     device: str | None = None  # "cpu", "cuda", "cuda:1", "mps"; None = best available
-    dtype: str | None = None  # "float32", "bfloat16", "float16", "float16-weights"; None = the model loader's choice
+    dtype: str | None = None  # "float32", "bfloat16", "float16", "float16-weights", "q8_0"; None = runmode's choice
     max_new_tokens: int = 64
     # lines a suggestion holds at most where several may come (an empty line, a block opener); the next ones come as
     # the person accepts (the server computes them while the suggestion is shown). Set by text alone, a
