@@ -45,7 +45,7 @@ from typing import Protocol
 
 from rest_lsp.drafting.drafts import SOURCE_NAMES
 from rest_lsp.service.extra_context import ExtraContext, PromptHead
-from rest_lsp.service.feeding import DatastoreFeed, workspace_key
+from rest_lsp.service.feeding import DatastoreFeed, HostThreads, workspace_key
 from rest_lsp.service.postprocess import StopContext, stop_context, trim
 from rest_lsp.service.lifecycle import ServingModel, clamped, fit_context, load_serving_model
 from rest_lsp.service.pacing import LineBudget, TypingPace
@@ -109,7 +109,7 @@ class NoEvents:
         pass
 
 
-class CompletionService:
+class CompletionService(HostThreads):
     def __init__(self, settings: Settings, events: ServiceEvents | None = None, load=None):
         self.settings = settings
         # settings -> ServingModel; a team's replica passes one that shares its loaded model among workspaces
@@ -191,20 +191,8 @@ class CompletionService:
         event loop)."""
         self._feed.change_roots([Path(r) for r in added], [Path(r) for r in removed])
 
-    def _report(self, level: str, text: str) -> None:
-        """Tell the owner; a failing listener is logged, never fatal to the thread that reports."""
-        try:
-            self.events.message(level, text)
-        except Exception:
-            log.exception("reporting %r failed", text)
-
-    def _spawn(self, target, name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        with self._lock:
-            if self._closed:
-                return
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-            thread.start()
+    def _is_closed(self) -> bool:
+        return self._closed
 
     def _start_loading(self) -> None:
         with self._lock:

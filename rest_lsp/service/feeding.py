@@ -43,6 +43,26 @@ class FeedHost(Protocol):
     def _spawn(self, target, name: str) -> None: ...
 
 
+class HostThreads:
+    """`_report` and `_spawn` as a feed's host implements them (the local service and the team client alike): a
+    failing listener is logged, never fatal to the reporting thread; no thread starts once the host is closed, and
+    finished ones are forgotten. The host provides `events`, `_lock`, `_threads` and `_is_closed()`."""
+
+    def _report(self, level: str, text: str) -> None:
+        try:
+            self.events.message(level, text)
+        except Exception:
+            log.exception("reporting %r failed", text)
+
+    def _spawn(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        with self._lock:
+            if self._is_closed():
+                return
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            thread.start()
+
+
 class _Stale(Exception):
     """Indexing for a datastore or settings that were replaced meanwhile: give it up."""
 

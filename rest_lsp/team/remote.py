@@ -14,7 +14,6 @@ import itertools
 import logging
 import socket
 import threading
-import time
 import uuid
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,7 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rest_lsp.datastore.ignore import is_secret_path
-from rest_lsp.service.feeding import DatastoreFeed, workspace_key
+from rest_lsp.service.feeding import DatastoreFeed, HostThreads, workspace_key
 from rest_lsp.service.scheduling import Completion, resolve_future
 from rest_lsp.settings import Settings
 from rest_lsp.team.http import Http, Refused, TimedOut, Unreachable
@@ -60,7 +59,7 @@ class RemoteTicket:
         self._service._cancel_remote(self.request_id)
 
 
-class RemoteService:
+class RemoteService(HostThreads):
     def __init__(self, settings: Settings, events, url: str, token: str, timeout_s: float | None = None):
         self.settings = settings
         self._timeout_s = timeout_s  # a completion's; None: the time budget and COMPLETE_SLACK_S
@@ -97,19 +96,8 @@ class RemoteService:
     def _tokenize_batch(self, texts: list[str]) -> list[list[int]]:
         return self._loaded.tokenizer.encode_batch(texts)
 
-    def _report(self, level: str, text: str) -> None:
-        try:
-            self.events.message(level, text)
-        except Exception:
-            log.exception("reporting %r failed", text)
-
-    def _spawn(self, target, name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        with self._lock:
-            if self._closed.is_set():
-                return
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
+    def _is_closed(self) -> bool:
+        return self._closed.is_set()
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     @property
