@@ -17,10 +17,15 @@ API = "/v1"
 WORKSPACE_HEADER = "x-session-id"  # Serve's session header: the request router keeps a workspace on one replica
 MAX_ID_CHARS = 4096
 
-# Editor settings a client may set for its workspace on the replica; the model and the files are the server's.
+# Editor settings a client may set for its workspace on the replica: every one that shapes a suggestion. The
+# model is the server's (SERVER_SETTINGS); what is indexed, the editor's (LOCAL_SETTINGS: its files stay there).
+# Each field of settings.Settings is in exactly one of the three (tests/team/test_replica_app.py checks).
 CLIENT_SETTINGS = frozenset({
-    "maxNewTokens", "maxLines", "draftBudget", "draftExclude", "contextTokens", "suffixFraction", "debounceMs",
-    "debounceMaxMs", "timeBudgetMs", "waitBudgetMs", "suggestionCacheSize", "prefetch", "documentCacheMb"})
+    "maxNewTokens", "maxLines", "draftBudget", "draftExclude", "contextTokens", "suffixFraction",
+    "extraContextTokens", "debounceMs", "debounceMaxMs", "timeBudgetMs", "waitBudgetMs", "suggestionCacheSize",
+    "prefetch", "documentCacheMb"})
+SERVER_SETTINGS = frozenset({"model", "device", "dtype"})
+LOCAL_SETTINGS = frozenset({"ignore", "indexWorkspace", "maxFileBytes", "cacheDir"})
 
 
 class _Strict(BaseModel):

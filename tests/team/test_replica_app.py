@@ -156,3 +156,31 @@ def test_the_least_recently_used_workspace_goes_over_the_budget(client, shared, 
         snapshot(client, shared, ws=ws)
     assert replica.workspaces.names() == ["b", "c"]
     assert delta(client, shared, 1, ws="a", puts={"/p/x.py": OTHER}).json()["need_snapshot"]
+
+
+def test_every_setting_is_forwarded_kept_by_the_server_or_local_to_the_editor():
+    import dataclasses
+
+    from rest_lsp.settings import Settings
+    from rest_lsp.team.protocol import CLIENT_SETTINGS, LOCAL_SETTINGS, SERVER_SETTINGS
+
+    fields = {"".join(w.capitalize() if i else w for i, w in enumerate(f.name.split("_")))
+              for f in dataclasses.fields(Settings)}
+    groups = [CLIENT_SETTINGS, SERVER_SETTINGS, LOCAL_SETTINGS]
+    assert set().union(*groups) == fields  # a new setting must be placed in one of them
+    assert sum(map(len, groups)) == len(fields)  # and in one only
+
+
+def test_the_editors_suggestion_settings_reach_its_workspace(client, shared, replica):
+    """extraContextTokens (and every other forwarded setting) rides with a completion and is the workspace's."""
+    from rest_lsp.settings import Settings
+    from rest_lsp.team.remote import _client_settings
+
+    editor = Settings(extra_context_tokens=192, context_tokens=512, max_lines=3, draft_exclude=("outputs",))
+    sent = _client_settings(editor)
+    assert sent["extraContextTokens"] == 192
+    body = {"request_id": "q1", "doc_id": "file:///p/main.py", "text": "x = 1\n", "offset": 6, "settings": sent}
+    assert client.post(f"{API}/workspaces/ws1/complete", json=body).status_code == 200
+    got = replica.workspaces.find("ws1").service.settings
+    assert (got.extra_context_tokens, got.context_tokens, got.max_lines, got.draft_exclude) == (
+        192, 512, 3, ("outputs",))
