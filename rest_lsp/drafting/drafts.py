@@ -402,6 +402,29 @@ class KnownStart(_Wrapper):
         return [(self.start, 1.0)] + [(self.start + tuple(c), w) for c, w in below]
 
 
+class PromptView(_Wrapper):
+    """Drafts for a prompt that does not end where the output begins: a FIM prompt ends with the text after the
+    cursor and the middle marker, tokens no file holds, so every source matching the context's end found nothing
+    until the output had a few tokens of its own. The sources are asked with `view` (the file's text around the
+    cursor as the prompt tokenized it, ending at the cursor) in place of the first `at` context tokens; what the
+    output adds after them follows as it is. Proposals hang after the context's end either way."""
+
+    def __init__(self, inner: DraftSource, at: int, view: Sequence[int]):
+        self.inner, self.at, self.view = inner, at, tuple(int(t) for t in view)
+
+    def seen(self, context: Sequence[int]) -> Sequence[int]:
+        """The context as the sources see it: [view, the output so far] once the context holds the prompt."""
+        if not self.view or len(context) < self.at:
+            return context
+        return [*self.view, *context[self.at:]]
+
+    def propose(self, context: Sequence[int]) -> list[Proposal]:
+        return propose(self.inner, self.seen(context))
+
+    def continuations(self, context: Sequence[int]) -> list[Continuation]:
+        return self.inner.continuations(self.seen(context))
+
+
 class TokenLines:
     """What a token's text does to lines: (it holds a line break, text comes before its last break, it holds any
     text), from the tokenizer's decoding of the token alone, memoised per id (a session meets a few thousand ids).
@@ -544,12 +567,14 @@ def rest_drafts(
     exclude: Iterable[str] = (),
     held: tuple[int, Sequence[int]] | None = None,
     first_line: tuple[int, TokenLines, bool] | None = None,
-) -> DraftMix | KnownStart | FirstLine:
+    view: tuple[int, Sequence[int]] | None = None,
+) -> DraftMix | PromptView | KnownStart | FirstLine:
     """The drafts REST uses everywhere: the context itself, the text after the cursor, the model's recent outputs,
     the workspace datastore, and the model's own habits as the fallback; with `held` (context length, tokens), the
     start of the output that is known (KnownStart); with `first_line` (context length, the tokens' lines, whether
-    any line break ends it), an output that ends at its first line break after text (FirstLine). Any source can be
-    absent or excluded by name."""
+    any line break ends it), an output that ends at its first line break after text (FirstLine); with `view`
+    (prompt length, tokens), the sources see those tokens in place of the prompt (PromptView: a FIM prompt). Any
+    source can be absent or excluded by name."""
     skip = set(exclude)
     sources: list = [ContextLookup()]
     if suffix:
@@ -561,6 +586,8 @@ def rest_drafts(
     fallback = [recycle] if recycle is not None else []
     drafts: DraftMix | KnownStart = DraftMix([(s.name, s) for s in sources if s.name not in skip],
                                              [(s.name, s) for s in fallback if s.name not in skip])
+    if view is not None and view[1]:
+        drafts = PromptView(drafts, *view)
     if held is not None and held[1] and KnownStart.name not in skip:
         drafts = KnownStart(drafts, *held)
     return drafts if first_line is None else FirstLine(drafts, *first_line)

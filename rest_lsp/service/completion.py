@@ -469,16 +469,17 @@ class CompletionService(HostThreads):
         self._report("warning", f"rest-lsp: a completion failed: {err}")
 
     def _draft_source(self, datastore, settings: Settings, suffix: list[int] | None, outputs, recycle, held=None,
-                      first_line=None):
+                      first_line=None, view=None):
         """The request's drafts; `held`: (prompt length, the tokens of the whitespace the prompt held back), the
         start of every useful output; `first_line`: (prompt length, drafts.TokenLines, whether any line break ends
-        it) when the suggestion ends at its first line break after text."""
+        it) when the suggestion ends at its first line break after text; `view`: (prompt length, what the sources
+        see in its place: Prompt.view)."""
         from rest_lsp.drafting.drafts import NoDrafts, rest_drafts
 
         if settings.draft_budget <= 0:
             return NoDrafts()
         return rest_drafts(datastore, suffix=suffix, outputs=outputs, recycle=recycle, exclude=settings.draft_exclude,
-                           held=held, first_line=first_line)
+                           held=held, first_line=first_line, view=view)
 
     def _prompt(self, model, s: Settings, doc_id: str, before: str, after: str) -> Prompt:
         return self._starts.build(doc_id, before, after, self._prompt_maker(model, s, doc_id))
@@ -596,11 +597,12 @@ class CompletionService(HostThreads):
         # a one-line suggestion ends where the stop rules end it: drafts below that line break are never shown
         drafts = self._draft_source(datastore, s, suffix, model.outputs, model.recycle,
                                     (len(prompt.ids), prompt.held_ids),
-                                    (len(prompt.ids), model.lines, ctx.any_break_ends) if ctx.one_line else None)
+                                    (len(prompt.ids), model.lines, ctx.any_break_ends) if ctx.one_line else None,
+                                    (len(prompt.ids), prompt.view))
         model.documents.use(decoder, job.doc_id, s.document_cache_mb << 20)
         result = decoder.generate(prompt.ids, drafts, config, should_stop, cancelled=job.cancelled)
         # every output, shown or not: the next request at this place will likely start the same way
-        model.outputs.add(prompt.ids[-OUTPUT_CONTEXT_TOKENS:], result.tokens)
+        model.outputs.add((prompt.view or prompt.ids)[-OUTPUT_CONTEXT_TOKENS:], result.tokens)
         if job.cancelled():
             with self._lock:
                 self.counters.prefill_tokens += result.prefill_tokens

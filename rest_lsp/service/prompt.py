@@ -105,6 +105,9 @@ class Prompt:
     start_line: int = 0  # the 0-based line of `before` where the prefix window starts: the next `keep_line`
     held_ids: tuple[int, ...] = ()  # the tokens the model writes for `held` before the line's text (`held_tokens`)
     held_written: str = ""  # the start of `held` that the prompt holds (FIM: `_middle_with_held`)
+    # what draft sources see in place of `ids` (FIM: the suffix's ids, then the prefix's and the middle's, ending at
+    # the cursor as a file does; drafts.PromptView); () without FIM, whose prompt ends at the cursor already
+    view: tuple[int, ...] = ()
 
 
 def held_back(before: str) -> str:
@@ -248,7 +251,8 @@ def build_prompt(hf_tokenizer: Any, before: str, after: str, *, budget: int,
     prefix, prefix_ids, start = _prefix_window(hf_tokenizer, before[: len(before) - len(line)],
                                                room - len(suffix_ids) - len(line_ids), keep_line)
     ids = bos + list(extra) + [fim.prefix_id] + prefix_ids + [fim.suffix_id] + suffix_ids + [fim.middle_id] + line_ids
-    return Prompt(ids, prefix + line + written, suffix, fim, held, start, (), written)
+    view = (*suffix_ids, *prefix_ids, *line_ids)
+    return Prompt(ids, prefix + line + written, suffix, fim, held, start, (), written, view)
 
 
 def _middle_with_held(hf_tokenizer: Any, middle: str, held: str) -> tuple[list[int], str]:

@@ -14,6 +14,7 @@ from rest_lsp.drafting.drafts import (
     KnownStart,
     NgramDrafts,
     OutputStore,
+    PromptView,
     Proposal,
     SuccessorTable,
     TokenLines,
@@ -219,3 +220,24 @@ def test_rest_drafts_cut_at_the_first_line_only_when_asked():
     assert one.any_break
     assert isinstance(one, FirstLine) and isinstance(one.inner, KnownStart)
     assert not isinstance(rest_drafts(ds, held=(4, (7,))), FirstLine)
+
+
+def test_a_prompt_view_shows_the_sources_the_file_around_the_cursor():
+    """A FIM prompt ends with the text after the cursor and the middle marker (91 92 below), which no file holds:
+    asked with it, the workspace finds nothing. Asked with the view (the text after the cursor, then before it,
+    ending at the cursor as the file does), the workspace proposes what followed the prefix there."""
+    workspace = DraftMix([("workspace", NgramDrafts([[1, 2, 3, 4, 5, 6]], name="workspace"))])
+    prompt = [90, 1, 2, 3, 91, 7, 92]  # prefix marker, the text before the cursor, suffix marker, after, middle
+    assert workspace.propose(prompt) == []
+    view = PromptView(workspace, at=len(prompt), view=(7, 1, 2, 3))
+    found = view.propose(prompt)
+    assert [(p.source, p.tokens[:3], p.match_length) for p in found] == [("workspace", (4, 5, 6), 3)]
+    assert view.propose([*prompt, 4])[0].tokens[:2] == (5, 6)  # the output so far follows the view
+    assert view.continuations(prompt)[0][0][:3] == (4, 5, 6)
+    assert view.seen(prompt[:3]) == prompt[:3]  # a context shorter than the prompt is its own
+    ds = Datastore()
+    ds.put("a.py", [1, 2])
+    assert isinstance(rest_drafts(ds, view=(7, (1, 2))), PromptView)
+    assert isinstance(rest_drafts(ds, view=(7, ())), DraftMix)  # no FIM: the prompt ends at the cursor already
+    held = rest_drafts(ds, view=(7, (1, 2)), held=(7, (5,)))
+    assert isinstance(held, KnownStart) and isinstance(held.inner, PromptView)  # the start hangs after the view

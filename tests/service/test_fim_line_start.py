@@ -1,6 +1,8 @@
 """FIM at an auto-indented line start: the prompt holds the line break and indentation the person typed (up to the
 whitespace the first word's token takes), and the stop rules read the model's text after it, for every template."""
 
+import time
+
 import pytest
 from support import chain_model
 from transformers import AutoTokenizer
@@ -92,5 +94,41 @@ def test_the_service_shows_a_fim_models_line_after_the_typed_indentation(fim_wri
         assert service.stats()["fim"] == "qwen"
         c = service.submit("mem://f.py", BEFORE + AFTER, len(BEFORE)).future.result(120)
         assert c is not None and c.text == "return y"
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize("before", [BEFORE, "def f(x):\n    y = x * 2\n    return y", "a = 1\nb = 2\nc = 3\nd = 4\n"])
+def test_the_drafts_view_of_a_fim_prompt_ends_at_the_cursor_as_the_file_does(fim_hf, before):
+    """What the draft sources see in place of a FIM prompt: the text after the cursor, then the text before it up to
+    the cursor, with no marker: a file's text, as the workspace and the model's outputs hold it."""
+    hf, fim = fim_hf
+    p = build_prompt(hf, before, AFTER, budget=256, fim=fim)
+    assert not {fim.prefix_id, fim.suffix_id, fim.middle_id} & set(p.view)
+    assert hf.decode(list(p.view)) == p.suffix + p.prefix
+    assert before.startswith(p.prefix) and before[len(p.prefix):].strip() == ""
+    assert build_prompt(hf, before, AFTER, budget=256, fim=None).view == ()
+
+
+def test_the_workspace_drafts_a_fim_models_first_token(fim_writer, tmp_path):
+    """At a line start where the prompt's middle is empty (the context ends with the middle marker), the workspace
+    file holding the line the model writes drafts it from the first step: one step for the whole line."""
+    before = "a = 1\nb = 2\nc = 3\nd = 4\n"  # the fifth line: the middle starts at the cursor
+    settings = Settings(model=str(fim_writer), dtype="float32", max_new_tokens=8, draft_budget=16, debounce_ms=0,
+                        index_workspace=False, prefetch=False, suggestion_cache_size=0, cache_dir=str(tmp_path),
+                        draft_exclude=("context", "outputs", "recycle", "suffix"))
+    service = CompletionService(settings)
+    try:
+        service.start([])
+        assert service.wait_ready(120), service.load_error
+        service.open_buffer(str(tmp_path / "other.py"), before + " return y\n")
+        deadline = time.monotonic() + 60
+        while not service.drafts("d = 4\n") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert service.drafts("d = 4\n"), "the buffer never reached the datastore"
+        steps = service.stats()["decode_steps"]
+        c = service.submit("mem://f.py", before + "\n", len(before)).future.result(120)
+        assert c is not None and c.text.strip() == "return y"
+        assert service.stats()["decode_steps"] - steps == 1
     finally:
         service.close()
