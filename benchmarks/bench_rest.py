@@ -137,8 +137,9 @@ def main() -> None:
     configs += ["own-plain-eager", "rest-eager"] if args.eager_engine else []
     # the default mode's configurations, and "-fp32" / "-fp16w" ones in the other mode; each mode's REST output is
     # compared with plain decoding in the same mode (transformers' generate for fp32, our plain step for fp16w)
-    default_mode = "fp16w" if loaded.packing == "fp16" else "fp32"
-    other = "fp32" if default_mode == "fp16w" else "fp16w"
+    # ("own": a mode compared with our plain step in it alone: q8_0, gguf, bfloat16)
+    default_mode = "fp16w" if loaded.packing == "fp16" else "fp32" if loaded.mode == "float32" else "own"
+    other = "fp32" if default_mode != "fp32" else "fp16w"
     configs += [f"own-plain-{other}", f"rest-{other}"] if args.other_mode else []
     mode = {c: c.rsplit("-", 1)[1] if c.endswith(("-fp32", "-fp16w")) else default_mode for c in configs}
 

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/llama_cpp_peer.py [--gguf FILE] [--corpus DIR] [--prompts 12] [--n-new 64]
                                                   [--context 512] [--threads 2] [--llama-tokenizer]
 
-Needs llama-cpp-python (`pip install -e .[bench]`; it builds llama.cpp from source). Prompts are the completion
+Needs llama-cpp-python (`pip install -e .[bench]`; it builds llama.cpp from source), or else the llama-server
+that `benchmarks/build_llama_server.sh` builds (the same sources; timed by the server's own clock). Prompts are the completion
 points of bench_rest.py, tokenized by rest-lsp's tokenizer and fed to llama.cpp as token ids, so both sides
 decode exactly the same prompts; --llama-tokenizer tokenizes the text with llama.cpp's own tokenizer instead and
 reports how many prompts tokenize identically. Prints a markdown table: per prompt, prefill + first token, then
@@ -55,10 +56,49 @@ def _greedy(llm, prompt: Sequence[int], n_new: int) -> PeerRun:
     return PeerRun(len(prompt), (first - t0) * 1e3, (end - first) * 1e3 / max(1, len(out) - 1), out)
 
 
+def _server_runs(binary: Path, gguf_path: str | Path, prompts: Sequence[Sequence[int]], n_new: int,
+                 threads: int) -> list[PeerRun]:
+    """The same greedy decoding through llama-server's `/completion` (token ids in, its own timings out: prompt_ms
+    is the prefill, predicted_per_token_ms each new token), no prompt cache between prompts."""
+    import asyncio
+    import tempfile
+
+    from llama_vim import LlamaServer
+
+    log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
+    server = asyncio.run(LlamaServer.start(binary, Path(gguf_path), threads, log))
+    runs = []
+    try:
+        for i, prompt in enumerate([list(prompts[0][:16])] + [list(p) for p in prompts]):
+            status, reply = server.post("/completion", {
+                "prompt": prompt, "n_predict": n_new, "temperature": 0.0, "top_k": 1, "samplers": ["top_k"],
+                "ignore_eos": True, "cache_prompt": False, "return_tokens": True})
+            if status != 200:
+                raise SystemExit(f"llama-server answered {status}: {reply}\n{server.log_tail()}")
+            t = reply["timings"]
+            if i:  # the first is the warm-up: it pages the weights in
+                runs.append(PeerRun(len(prompt), t["prompt_ms"] + t["predicted_per_token_ms"],
+                                    t["predicted_per_token_ms"], list(reply.get("tokens", []))))
+    finally:
+        server.stop()
+        log.unlink(missing_ok=True)
+    return runs
+
+
 def llama_cpp_runs(
     gguf_path: str | Path, prompts: Sequence[Sequence[int]] | Sequence[str], n_new: int, threads: int
 ) -> list[PeerRun]:
-    """llama.cpp's plain greedy decoding of each prompt (token ids as given, or text tokenized by llama.cpp)."""
+    """llama.cpp's plain greedy decoding of each prompt (token ids as given, or text tokenized by llama.cpp): in
+    this process through llama-cpp-python where it is installed, else through the llama-server that
+    build_llama_server.sh built (token ids only)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        from llama_vim import find_binary
+
+        binary = find_binary()
+        if binary is not None and all(not isinstance(p, str) for p in prompts):
+            return _server_runs(binary, gguf_path, prompts, n_new, threads)
     llm = _llama(gguf_path, n_ctx=8, threads=threads)  # only to tokenize; the real context is sized below
     ids = [llm.tokenize(p.encode("utf-8"), add_bos=False) if isinstance(p, str) else list(p) for p in prompts]
     del llm
