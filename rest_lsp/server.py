@@ -404,6 +404,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote", metavar="URL",
                         help="a team's server (`rest-lsp serve`) decodes; this process indexes and sends the "
                              "workspace (needs --token-file: the server's token)")
+    parser.add_argument("--remote-ca-file", metavar="FILE",
+                        help="with an https:// --remote: trust the server's certificate by this CA file (PEM; a "
+                             "team's self-signed certificate) instead of the system's")
     parser.add_argument("--log-file", help="write the server log here (default: stderr)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     settings_module.add_arguments(parser)
@@ -419,7 +422,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "remote", None):
         from rest_lsp.team.remote import remote_target
 
-        remote = remote_target(args.remote, getattr(args, "token_file", None))
+        remote = remote_target(args.remote, getattr(args, "token_file", None), getattr(args, "remote_ca_file", None))
         if isinstance(remote, str):
             print(remote, file=sys.stderr)
             return 2

@@ -44,6 +44,8 @@ def start(args: argparse.Namespace, ray_init: dict | None = None) -> str:
     read_token(args.token_file)  # a bad file stops here, not in every replica
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UserError("--tls-cert and --tls-key go together.")
+    if args.tls_cert:
+        check_tls(args.tls_cert, args.tls_key)
     if args.replicas < 1:
         raise UserError("--replicas must be at least 1.")
     settings, errors = Settings().update({"model": args.model, "dtype": args.dtype, "device": args.device,
@@ -64,6 +66,17 @@ def start(args: argparse.Namespace, ray_init: dict | None = None) -> str:
     return f"{scheme}://{host}:{args.port}"
 
 
+def check_tls(cert: str, key: str) -> None:
+    """A UserError when the pair does not load (here, rather than in Ray's proxy, where it would fail unseen)."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
+        raise UserError(f"--tls-cert {cert} with --tls-key {key} does not load as a certificate and its key ({err})."
+                        ) from None
+
+
 def stop() -> None:
     import ray
     from ray import serve
@@ -81,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
         print("rest-lsp serve needs the serve extra: pip install 'rest-lsp[serve]'", file=sys.stderr)
         return 2
     if args.host not in LOOPBACK and not args.tls_cert:
-        print(f"rest-lsp serve: listening on {args.host} without --tls-cert: tokens and code cross the network in "
-              "clear text.", file=sys.stderr)
+        print(f"rest-lsp serve: listening on {args.host} without --tls-cert: tokens and code would cross the network "
+              "in clear text, so editors on other machines refuse its http:// URL.", file=sys.stderr)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

@@ -21,6 +21,10 @@ class TimedOut(Unreachable):
     """The server took longer than the call's timeout."""
 
 
+class Untrusted(Unreachable):
+    """The server's certificate did not verify (a self-signed one without its CA file, another host's name)."""
+
+
 class Refused(Exception):
     """The server answered no (4xx); `status` and `detail` say why."""
 
@@ -30,7 +34,7 @@ class Refused(Exception):
 
 
 class Http:
-    def __init__(self, url: str, token: str, workspace: str, timeout_s: float = 30.0):
+    def __init__(self, url: str, token: str, workspace: str, timeout_s: float = 30.0, ca_file: str | None = None):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--remote wants an http:// or https:// URL, got {url!r}")
@@ -40,13 +44,14 @@ class Http:
         self._headers = {"Authorization": f"Bearer {token}", WORKSPACE_HEADER: workspace,
                          "Content-Type": "application/json"}
         self._local = threading.local()
+        # https: the system's CAs, or only `ca_file`'s (a team's self-signed certificate); the host name is checked
+        self._tls = ssl.create_default_context(cafile=ca_file) if parts.scheme == "https" else None
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             if self._scheme == "https":
-                conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
-                                                   context=ssl.create_default_context())
+                conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
             else:
                 conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
             self._local.conn = conn
@@ -76,6 +81,9 @@ class Http:
                 self.close()
                 if attempt:
                     raise Unreachable(str(err) or type(err).__name__) from None
+            except ssl.SSLCertVerificationError as err:
+                self.close()
+                raise Untrusted(err.verify_message or str(err)) from None
             except (TimeoutError, socket.timeout) as err:
                 self.close()
                 raise TimedOut(str(err) or "timed out") from None

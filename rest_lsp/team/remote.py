@@ -3,11 +3,13 @@
 The editor keeps its files: the workspace is indexed and watched here with the server's own tokenizer (fetched
 from it: no model, no torch on this side), and goes to the server as a snapshot, then deltas (mirror.py). Edits
 and cursor moves go as hints; a completion carries the hints not sent yet. A completion whose replica died is
-sent once more and the workspace again (to the replica that takes it over); an unreachable server is said once.
+sent once more and the workspace again (to the replica that takes it over); an unreachable server is said once an
+outage, and its return too. stats() never waits on the language server's event loop (its HTTP call runs here).
 """
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import hashlib
 import itertools
@@ -24,7 +26,7 @@ from rest_lsp.datastore.ignore import is_secret_path
 from rest_lsp.service.feeding import DatastoreFeed, HostThreads, workspace_key
 from rest_lsp.service.scheduling import Completion, resolve_future
 from rest_lsp.settings import Settings
-from rest_lsp.team.http import Http, Refused, TimedOut, Unreachable
+from rest_lsp.team.http import Http, Refused, TimedOut, Unreachable, Untrusted
 from rest_lsp.team.mirror import Mirror, RecordingDatastore
 from rest_lsp.team.protocol import API, CLIENT_SETTINGS, CompleteRequest, Event, Events
 
@@ -34,6 +36,8 @@ RETRY_S = 2.0  # wait between attempts to reach an unreachable server
 SYNC_WAIT_S = 0.2  # a delta gathers the changes of this long
 INDEX_WAIT_S = 120  # the first snapshot waits this long for the local index (completions meanwhile use the model)
 COMPLETE_SLACK_S = 10.0  # a completion waits this much longer than the time budget before it is given up
+STATS_WAIT_S = 2.0  # the server's part of stats(): asked for this long (off the event loop, waited for as long)
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 def workspace_id(roots: list[Path]) -> str:
@@ -60,8 +64,10 @@ class RemoteTicket:
 
 
 class RemoteService(HostThreads):
-    def __init__(self, settings: Settings, events, url: str, token: str, timeout_s: float | None = None):
+    def __init__(self, settings: Settings, events, url: str, token: str, ca_file: str | None = None,
+                 timeout_s: float | None = None):
         self.settings = settings
+        self._ca_file = ca_file  # https: the CA certificate to trust (a team's self-signed one); None: the system's
         self._timeout_s = timeout_s  # a completion's; None: the time budget and COMPLETE_SLACK_S
         self.events = events
         self.url = url
@@ -87,6 +93,7 @@ class RemoteService(HostThreads):
         self.load_error: str | None = None
         self._said_unreachable = False
         self._remote_stats: dict = {}
+        self._stats_refresh: Future | None = None
         self._replicas: Counter = Counter()  # answers per replica
         self._counts = {"completions_served": 0, "completions_sent": 0, "retried": 0, "snapshots_sent": 0,
                         "deltas_sent": 0, "cancelled": 0, "unreachable": 0}
@@ -115,7 +122,7 @@ class RemoteService(HostThreads):
             self._roots = [Path(r) for r in roots or []]
             self._feed.roots = list(self._roots)
             self.workspace = workspace_id(self._roots)
-            self._http = Http(self.url, self._token, self.workspace)
+            self._http = Http(self.url, self._token, self.workspace, ca_file=self._ca_file)
         log.info("workspace %s on %s", self.workspace, self.url)
         self._spawn(self._sync_loop, "rest-lsp-remote-sync")
         self._spawn(self._events_loop, "rest-lsp-remote-events")
@@ -293,11 +300,14 @@ class RemoteService(HostThreads):
         return [(d["text"], float(d["weight"])) for d in found[:limit]]
 
     def stats(self) -> dict:
-        if self.status == "connected":
+        """Ours and the replica's numbers. The replica's are asked on a worker thread: called on an event loop's
+        thread (the language server's command), this answers at once with the last ones it got; elsewhere it
+        waits up to STATS_WAIT_S for fresh ones."""
+        refresh = self._refresh_stats()
+        if refresh is not None and not _on_event_loop():
             try:
-                self._remote_stats.update(self._http.call("GET", f"{API}/workspaces/{self.workspace}/stats",
-                                                          timeout=2))
-            except (Unreachable, Refused):
+                refresh.result(STATS_WAIT_S)
+            except Exception:  # late, or the pool shut down: the last numbers will do
                 pass
         store = self._feed.datastore.stats() if self._feed.datastore is not None else {}
         with self._lock:
@@ -305,6 +315,27 @@ class RemoteService(HostThreads):
                     "status": self.status, "workspace": self.workspace, "ready": self.status == "connected",
                     "load_error": self.load_error, "local_documents": int(store.get("documents", 0)),
                     "local_tokens": int(store.get("tokens", 0)), "replicas": dict(self._replicas)}
+
+    def _refresh_stats(self) -> Future | None:
+        """The replica's numbers asked on a worker thread (one request at a time); None when not connected."""
+        if self.status != "connected" or self._closed.is_set():
+            return None
+
+        def fetch() -> None:
+            try:
+                found = self._http.call("GET", f"{API}/workspaces/{self.workspace}/stats", timeout=STATS_WAIT_S)
+            except (Unreachable, Refused):
+                return
+            with self._lock:
+                self._remote_stats.update(found)
+
+        with self._lock:
+            if self._stats_refresh is None or self._stats_refresh.done():
+                try:
+                    self._stats_refresh = self._requests.submit(fetch)
+                except RuntimeError:  # closed meanwhile
+                    return None
+            return self._stats_refresh
 
     # -- the workspace's sync -----------------------------------------------------------------------------------
     def _request_snapshot(self) -> None:
@@ -317,12 +348,16 @@ class RemoteService(HostThreads):
             self._counts["unreachable"] += 1
             first = not self._said_unreachable
             self._said_unreachable = True
-            self.status = "unreachable"
-            self.load_error = f"the team server at {self.url} cannot be reached ({err})"
+            if isinstance(err, Untrusted):
+                self.status = "untrusted"
+                self.load_error = (f"the team server at {self.url} has a certificate this editor does not trust "
+                                   f"({err}): give its CA certificate with --remote-ca-file")
+            else:
+                self.status = "unreachable"
+                self.load_error = f"the team server at {self.url} cannot be reached ({err})"
             self._need_snapshot = True
         if first:
-            self._report("error", f"rest-lsp: the team server at {self.url} cannot be reached ({err}); "
-                                  "completions resume when it answers.")
+            self._report("error", f"rest-lsp: {self.load_error}; completions resume when it answers.")
         self._sync_wake.set()
 
     def _reached(self) -> None:
@@ -426,8 +461,28 @@ def _client_settings(settings: Settings) -> dict:
     return out
 
 
-def remote_target(url: str, token_file: str | None) -> tuple[str, str] | str:
-    """(url, token) for `--remote URL --token-file F`, or the sentence that says what is wrong."""
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host in LOOPBACK or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def remote_target(url: str, token_file: str | None,
+                  ca_file: str | None = None) -> tuple[str, str, str | None] | str:
+    """(url, token, CA file) for `--remote URL --token-file F [--remote-ca-file C]`, or the sentence that says what
+    is wrong. http:// only to a loopback host (an SSH tunnel): elsewhere the token and the code would cross in clear."""
+    import ssl
     from urllib.parse import urlsplit
 
     from rest_lsp.errors import UserError
@@ -436,9 +491,20 @@ def remote_target(url: str, token_file: str | None) -> tuple[str, str] | str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"rest-lsp: --remote wants an http:// or https:// URL, got {url!r}."
+    if parts.scheme == "http" and not _loopback(parts.hostname):
+        return (f"rest-lsp: --remote {url} would send the token and your code in clear text: use https:// (the "
+                "server's --tls-cert; --remote-ca-file here for a self-signed one), or http:// to a loopback "
+                "address only (an SSH tunnel).")
+    if ca_file and parts.scheme != "https":
+        return f"rest-lsp: --remote-ca-file is for an https:// URL, got {url!r}."
+    if ca_file:
+        try:
+            ssl.create_default_context(cafile=ca_file)
+        except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
+            return f"rest-lsp: --remote-ca-file {ca_file!r} is not a readable PEM certificate ({err})."
     if not token_file:
         return "rest-lsp: --remote needs --token-file FILE, the file holding the team server's token."
     try:
-        return url, read_token(token_file)
+        return url, read_token(token_file), ca_file
     except UserError as err:
         return f"rest-lsp: {err}"

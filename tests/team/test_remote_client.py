@@ -184,3 +184,36 @@ def test_cancelling_a_request_stops_the_replicas_work(remote, tmp_path, shared):
     assert ticket.future.result(1) is None
     wait_for(lambda: state.service.stats()["cancelled"] >= 1, 30, "the replica's work to stop")
     assert not state.tickets
+
+
+class SlowStats:
+    """A server whose stats take a second to come."""
+
+    def __init__(self):
+        self.asked = 0
+
+    def call(self, method, path, body=None, timeout=None):
+        assert path.endswith("/stats")
+        self.asked += 1
+        time.sleep(1.0)
+        return {"replica": "r9", "documents": 3}
+
+
+async def test_stats_never_waits_on_the_language_servers_event_loop(tmp_path):
+    import asyncio
+
+    service = RemoteService(Settings(cache_dir=str(tmp_path / "cache")), None, "http://127.0.0.1:9", TOKEN)
+    service.status, service._http = "connected", SlowStats()
+    try:
+        started = time.monotonic()
+        first = service.stats()  # on the event loop's thread, as the rest-lsp.stats command runs
+        second = service.stats()
+        assert time.monotonic() - started < 0.5
+        assert first["mode"] == "remote" and "documents" not in first and "documents" not in second
+        await asyncio.sleep(1.3)
+        assert service.stats()["documents"] == 3 and service._http.asked <= 2  # the answer, one ask at a time
+        fresh = await asyncio.to_thread(service.stats)  # off the loop it waits for fresh numbers
+        assert fresh["documents"] == 3 and fresh["replica"] == "r9"
+    finally:
+        service.status = "closed"
+        service.close()
