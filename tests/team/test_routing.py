@@ -1,0 +1,79 @@
+"""The team server's router (rest_lsp/team/routing.py): a workspace stays on its replica, new ones go to the
+emptiest, and its table stays bounded: workspaces unseen for a while, the least recently seen over the cap, and
+those of a replica gone are forgotten."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+from rest_lsp.team.routing import Placements, WorkspaceRouter
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_workspace_stays_and_new_ones_go_to_the_emptiest():
+    table = Placements()
+    first = {ws: table.place(ws, ["r0", "r1"]) for ws in ("a", "b", "c", "d")}
+    assert sorted(Counter(first.values()).values()) == [2, 2]
+    assert all(table.place(ws, ["r0", "r1"]) == rid for ws, rid in first.items())
+    gone = first["a"]
+    left = "r1" if gone == "r0" else "r0"
+    assert table.place("a", [left]) == left  # its replica died: it alone moves
+
+
+def test_workspaces_unseen_for_the_idle_time_are_forgotten():
+    clock = Clock()
+    table = Placements(idle_s=60, clock=clock)
+    for i in range(100):
+        table.place(f"old{i}", ["r0", "r1"])
+    clock.now += 30
+    table.place("recent", ["r0", "r1"])
+    assert len(table) == 101
+    clock.now += 31  # the old ones: 61 s unseen; "recent": 31 s
+    table.place("new", ["r0", "r1"])
+    assert len(table) == 2
+    placed = table.place("recent", ["r0", "r1"])
+    assert table.place("recent", ["r0", "r1"]) == placed
+
+
+def test_the_table_holds_at_most_its_cap_the_least_recently_seen_go_first():
+    table = Placements(most=10)
+    for i in range(50):
+        table.place(f"w{i}", ["r0", "r1"])
+        table.place("busy", ["r0", "r1"])  # seen all along: kept
+    assert len(table) == 10
+    kept = list(table._placed)
+    assert "busy" in kept and "w49" in kept and "w0" not in kept
+
+
+async def test_the_router_forgets_the_workspaces_of_a_replica_gone():
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID
+
+    deployment = DeploymentID(name="rest-lsp", app_name="rest-lsp")
+    router = WorkspaceRouter(deployment, DeploymentHandleSource.UNKNOWN)
+
+    async def queue_len(deadline_s):
+        return 0
+
+    replicas = [SimpleNamespace(replica_id=ReplicaID(unique_id=f"u{i}", deployment_id=deployment),
+                                max_ongoing_requests=8, get_queue_len=queue_len) for i in range(2)]
+    router.update_replicas(replicas)
+
+    def request(ws):
+        return SimpleNamespace(metadata=SimpleNamespace(session_id=ws, internal_request_id="x"),
+                               routing_context=SimpleNamespace(should_backoff=False))
+
+    placed = {ws: (await router.choose_replicas(replicas, request(ws)))[0][0] for ws in ("a", "b", "c", "d")}
+    assert sorted(Counter(r.replica_id.unique_id for r in placed.values()).values()) == [2, 2]
+    assert len(router._placements) == 4
+    router.update_replicas(replicas[1:])  # u0 gone: its workspaces are forgotten
+    assert len(router._placements) == 2
+    [[again]] = await router.choose_replicas(replicas[1:], request("a"))
+    assert again is replicas[1]
