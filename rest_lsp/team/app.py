@@ -2,7 +2,8 @@
 
 Every route but /health wants `Authorization: Bearer <token>` (401 otherwise). A body that does not parse is a
 422 from FastAPI, token ids outside the vocabulary a 422 from us, another tokenizer a 409: none of them touches
-a workspace. Blocking work (a snapshot into the datastore, creating a workspace) runs in a thread.
+a workspace. Blocking work (a snapshot into the datastore, creating a workspace) runs in a thread. Each request
+to a workspace's route runs with workspaces.CURRENT_WORKSPACE set: its log lines name the workspace.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fastapi.responses import JSONResponse
 from rest_lsp.team.protocol import (API, AcceptRequest, CancelRequest, CompleteReply, CompleteRequest, Delta,
                                     DraftsRequest, Events, Problem, Snapshot, SyncReply, TokenizerReply)
 from rest_lsp.team.token import bearer_matches
-from rest_lsp.team.workspaces import BadTokens, SyncRefused, Workspaces
+from rest_lsp.team.workspaces import CURRENT_WORKSPACE, BadTokens, SyncRefused, Workspaces
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ def create_app(replica: Callable[[], Replica]) -> FastAPI:
     """The app; `replica()` gives the state (in Serve, the replica process installs it after the app is built)."""
     app = FastAPI(title="rest-lsp team server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.replica = replica
+    app.add_middleware(WorkspaceContext)
 
     @app.exception_handler(BadTokens)
     async def bad_tokens(request: Request, err: BadTokens):
@@ -107,6 +109,8 @@ def _work_routes(api: APIRouter) -> None:
         finally:
             state.finished(body.request_id)
         need = created or state.epoch is None
+        log.debug("completion %s: %s", body.request_id,
+                  "none" if done is None else f"{done.tokens} tokens, {done.steps} steps, {done.latency_ms:.0f} ms")
         if done is None:
             return CompleteReply(need_snapshot=need, replica=r.name)
         return CompleteReply(text=done.text, id=done.id, source=done.source, tokens=done.tokens, steps=done.steps,
@@ -135,6 +139,26 @@ def _work_routes(api: APIRouter) -> None:
         out = await asyncio.to_thread(state.service.stats) if state is not None else {}
         return {**out, "replica": r.name, "pid": os.getpid(), "epoch": state.epoch if state else None,
                 "seq": state.seq if state else 0}
+
+
+class WorkspaceContext:
+    """ASGI middleware: a request to /v1/workspaces/{workspace}/... runs with CURRENT_WORKSPACE set."""
+
+    PREFIX = f"{API}/workspaces/"
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        workspace = path[len(self.PREFIX):].split("/", 1)[0] if path.startswith(self.PREFIX) else ""
+        if not workspace:
+            return await self.app(scope, receive, send)
+        token = CURRENT_WORKSPACE.set(workspace)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            CURRENT_WORKSPACE.reset(token)
 
 
 def _current(request: Request) -> Replica:

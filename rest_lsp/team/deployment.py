@@ -34,6 +34,7 @@ class TeamReplica:
         from rest_lsp.team.workspaces import Workspaces
 
         torch.set_num_threads(threads)
+        log_to_serve()
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
         settings = Settings(**values)
         shared = SharedModel(settings)
@@ -50,6 +51,28 @@ class TeamReplica:
         replica = getattr(self, "replica", None)
         if replica is not None:
             replica.workspaces.close()
+
+
+class _ToServe(logging.Handler):
+    """Hands rest_lsp's log records to Serve's logger: the replica's log file, in Serve's format."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger("ray.serve").handle(record)
+
+
+def log_to_serve(level: int = logging.INFO) -> None:
+    """rest_lsp's log lines (INFO and up) into this replica's Serve log, each naming its workspace (a Ray worker's
+    root logger would keep WARNING and up only, outside Serve's files)."""
+    from rest_lsp.team.workspaces import WorkspaceTag
+
+    ours = logging.getLogger("rest_lsp")
+    if any(isinstance(h, _ToServe) for h in ours.handlers):
+        return
+    handler = _ToServe(level)
+    handler.addFilter(WorkspaceTag())
+    ours.addHandler(handler)
+    ours.setLevel(level)
+    ours.propagate = False
 
 
 def application(settings, token_file: str, replicas: int, num_cpus: float, num_gpus: float, budget_mb: int):

@@ -1,17 +1,23 @@
 """A replica's workspaces: each with its own completion service and datastore fed from the client's token deltas,
 kept in an LRU bounded by a memory budget (the least recently used workspace goes first; its client then sends
 a new snapshot when it asks again).
+
+Log lines name their workspace (WorkspaceTag, on the replica's log handler): those of a request by the workspace
+its route names (CURRENT_WORKSPACE, which app.py sets for each request and asyncio.to_thread carries), those of a
+workspace's own service threads (its decoding thread) by the thread.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
 
-from rest_lsp.service.completion import CompletionService, Ticket
+from rest_lsp.service.completion import CompletionService, NoEvents, Ticket
 from rest_lsp.settings import Settings
 from rest_lsp.team.protocol import CLIENT_SETTINGS, Delta, Doc, Events, Snapshot, SyncReply
 from rest_lsp.team.shared_model import SharedModel
@@ -31,9 +37,45 @@ class BadTokens(ValueError):
     """Token ids outside the model's vocabulary."""
 
 
+CURRENT_WORKSPACE: contextvars.ContextVar[str | None] = contextvars.ContextVar("rest_lsp_workspace", default=None)
+_THREADS: "weakref.WeakKeyDictionary[threading.Thread, str]" = weakref.WeakKeyDictionary()  # service thread -> ws
+_THREADS_LOCK = threading.Lock()
+_CREATING = threading.Lock()  # one workspace's service starts at a time: the threads it starts are its own
+SERVICE_THREADS = ("rest-lsp-decoder", "rest-lsp-buffers", "rest-lsp-loader")
+
+
+def thread_workspace(thread: threading.Thread) -> str | None:
+    with _THREADS_LOCK:
+        return _THREADS.get(thread)
+
+
+class WorkspaceTag(logging.Filter):
+    """Puts `[workspace] ` before a log line of a request or of a workspace's service thread (and sets
+    `record.workspace`); a line that names its workspace already is left as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "workspace", None) is None:
+            workspace = CURRENT_WORKSPACE.get() or thread_workspace(threading.current_thread())
+            if workspace is not None:
+                record.workspace = workspace
+                record.msg = f"[{workspace}] {record.msg}"
+        return True
+
+
 class _Log(logging.LoggerAdapter):
     def process(self, msg, kwargs):
+        kwargs["extra"] = {**kwargs.get("extra", {}), "workspace": self.extra["workspace"]}
         return f"[{self.extra['workspace']}] {msg}", kwargs
+
+
+class _Events(NoEvents):
+    """The service's messages (a model ready, a setting refused) in the log, naming the workspace."""
+
+    def __init__(self, log: logging.LoggerAdapter):
+        self.log = log
+
+    def message(self, level: str, text: str) -> None:
+        getattr(self.log, level if level in ("error", "warning", "info") else "info")(text)
 
 
 def _checked(docs: list[Doc], vocab_size: int) -> list[tuple[str, np.ndarray, object]]:
@@ -55,9 +97,17 @@ class WorkspaceState:
     def __init__(self, workspace: str, shared: SharedModel, settings: Settings):
         self.workspace, self.shared, self.defaults = workspace, shared, settings
         self.log = _Log(log, {"workspace": workspace})
-        self.service = CompletionService(settings, load=lambda s: shared.for_workspace(workspace))
-        self.service.start([])
-        if not self.service.wait_ready(READY_TIMEOUT_S):
+        with _CREATING:
+            before = set(threading.enumerate())
+            self.service = CompletionService(settings, _Events(self.log),
+                                             load=lambda s: shared.for_workspace(workspace))
+            self.service.start([])
+            ready = self.service.wait_ready(READY_TIMEOUT_S)
+            with _THREADS_LOCK:
+                for thread in set(threading.enumerate()) - before:
+                    if thread.name in SERVICE_THREADS:
+                        _THREADS[thread] = workspace
+        if not ready:
             raise RuntimeError(f"workspace {workspace}: {self.service.load_error or 'not ready'}")
         self.lock = threading.Lock()
         self.epoch: str | None = None

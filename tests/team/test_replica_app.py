@@ -184,3 +184,47 @@ def test_the_editors_suggestion_settings_reach_its_workspace(client, shared, rep
     got = replica.workspaces.find("ws1").service.settings
     assert (got.extra_context_tokens, got.context_tokens, got.max_lines, got.draft_exclude) == (
         192, 512, 3, ("outputs",))
+
+
+def test_each_log_line_of_a_request_names_its_workspace(client, shared, replica):
+    import logging
+    import threading
+
+    from rest_lsp.team import workspaces
+    from rest_lsp.team.workspaces import WorkspaceTag, thread_workspace
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append((record.getMessage(), threading.current_thread().name))
+
+    handler = Keep()
+    handler.addFilter(WorkspaceTag())
+    ours = logging.getLogger("rest_lsp")
+    level = ours.level
+    ours.addHandler(handler)
+    ours.setLevel(logging.DEBUG)
+    try:
+        for ws in ("alice", "bob"):
+            assert snapshot(client, shared, ws=ws).status_code == 200
+            assert complete(client, "def f(x):\n    return ", ws=ws).status_code == 200
+        # each workspace's decoding thread is known as its own, and a line logged on such a thread names it
+        for ws in ("alice", "bob"):
+            assert [t.name for t in threading.enumerate() if thread_workspace(t) == ws].count("rest-lsp-decoder") == 1
+        probe = threading.Thread(target=lambda: logging.getLogger("rest_lsp.service").warning("probe"))
+        with workspaces._THREADS_LOCK:
+            workspaces._THREADS[probe] = "bob"  # as bob's decoding thread is
+        probe.start()
+        probe.join(10)
+    finally:
+        ours.removeHandler(handler)
+        ours.setLevel(level)
+    said = [m for m, _ in lines]
+    for ws in ("alice", "bob"):
+        assert any(m.startswith(f"[{ws}] new on this replica") for m in said), said
+        assert any(m.startswith(f"[{ws}] snapshot e1") for m in said), said
+        assert any(m.startswith(f"[{ws}] completion q1") for m in said), said
+    assert "[bob] probe" in said
+    untagged = [(m, t) for m, t in lines if not m.startswith(("[alice] ", "[bob] "))]
+    assert untagged == []
