@@ -18,7 +18,13 @@ Layout (`pack`): the weight [N, K] becomes panels of 16 output columns; a panel 
 block 8 groups x 16 columns x 4 consecutive k as bytes q + 128 (one 64-byte vector a group: the unsigned operand
 of `vpdpbusd`, whose 16 int32 lanes are the 16 columns), followed by the blocks' fp16 scales [K/32][16], padded to
 64 bytes. The weight's +128 comes back out exactly as 128 x (the row block's sum of q), known from the
-quantization. Paths, by what the compiler targets (`-march`): AVX-512 VNNI (zmm, up to 12 rows a tile with the
+quantization. A GGUF's Q5_0 and Q4_0 blocks are Q8_0 blocks of small quants (q - 16 in [-16, 15], q - 8 in
+[-8, 7]) with the same per-32 fp16 scale, so they keep fewer bits in their panels (`pack_blocks(..., bits)`): a
+4-bit block is 4 vectors of nibbles q + 8 (groups 2j in the low nibbles, 2j + 1 in the high ones), a 5-bit block
+the nibbles of q + 16 the same way and then one 64-bit mask a group holding the fifth bits. The kernel unpacks a
+block to the bytes q + offset and runs the 8-bit arithmetic on them, the offset (16, 8) taken out as 128 is: the
+integer sums, and so every float operation after them, are those of the same values as 8-bit blocks, bit for
+bit. Paths, by what the compiler targets (`-march`): AVX-512 VNNI (zmm, up to 12 rows a tile with the
 block's weights in registers), AVX-VNNI (ymm), AVX2 (`vpmaddubsw` over |w| and x signed as w, no saturation
 since |x| <= 127), portable C. The panels are split between torch's OpenMP threads as in panel_matmul.py.
 
@@ -44,6 +50,9 @@ log = logging.getLogger(__name__)
 
 PANEL = 16  # output columns per panel
 BLOCK = 32  # weights per Q8_0 block (one scale)
+BITS = (8, 5, 4)  # the widths a panel's blocks are stored in
+BLOCK_BYTES = {8: 512, 5: 320, 4: 256}  # a panel's bytes of quants per block, by width
+OFFSETS = {8: 128, 5: 16, 4: 8}  # what a quant is stored as plus (an unsigned byte, or 5 and 4 bits)
 
 SOURCE = r"""
 #include <stddef.h>
@@ -62,10 +71,16 @@ typedef long long idx;
 
 #define NB 16   /* columns per panel */
 #define QK 32   /* weights per block */
-#define BQ 512  /* bytes of quants per block of a panel: 8 groups x 16 columns x 4 k */
+#define BQ 512  /* bytes of a block's quants as 8-bit bytes: 8 groups x 16 columns x 4 k */
 #ifndef PFD
 #define PFD 4096 /* the first tile of a panel prefetches this many bytes ahead in the weight stream */
 #endif
+#define INLINE static inline __attribute__((always_inline))
+
+/* a block's stored bytes (8: the bytes q + 128; 4: nibbles q + 8, two groups a 64-byte vector; 5: the nibbles of
+   q + 16, then one 64-bit mask a group holding the fifth bits) and the offset taken back out */
+#define BYTES(bits) ((bits) == 8 ? 512 : (bits) == 5 ? 320 : 256)
+#define OFFSET(bits) ((bits) == 8 ? 128 : (bits) == 5 ? 16 : 8)
 
 /* 3: AVX-512 VNNI, 2: AVX-VNNI, 1: AVX2, 0: portable C */
 #ifndef QM_PATH
@@ -86,7 +101,7 @@ typedef long long idx;
 #define MT 4
 #endif
 
-static idx panel_bytes(idx nb) { return nb * BQ + (nb * NB * 2 + 63) / 64 * 64; }
+static idx panel_bytes(idx nb, int bits) { return nb * BYTES(bits) + (nb * NB * 2 + 63) / 64 * 64; }
 
 /* the rows quantized per block: xq [m][nb*32], xd [m][nb] (scales), xs [m][nb] (sums of the quants) */
 static void quantize_rows(const float *x, idx m, idx k, idx nb, int8_t *xq, float *xd, int32_t *xs) {
@@ -124,24 +139,46 @@ static float half_to_float(uint16_t h) {
     return f;
 }
 
-/* rows [R] of the quantized input times one panel; out [R][NB] */
+/* rows [R] of the quantized input times one panel of `bits`-bit blocks; out [R][NB]. A block's weights are first
+   unpacked to the unsigned bytes q + OFFSET(bits), then dotted with the rows' quants as 8-bit ones are; the
+   offset comes back out as OFFSET x (the row block's sum of quants): the same exact int32 sum for every width */
 #if QM_PATH == 3
-#define TILE(R)                                                                                               \
-static void tile##R(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p, int pf,  \
-                    float *out) {                                                                             \
+INLINE void unpack(const uint8_t *wb, int bits, __m512i w[8]) {
+    if (bits == 8) {
+        for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(wb + 64 * g));
+        return;
+    }
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int j = 0; j < 4; j++) {
+        __m512i v = _mm512_loadu_si512((const void *)(wb + 64 * j));
+        w[2 * j] = _mm512_and_si512(v, low);
+        w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    if (bits == 5) {
+        const __m512i fifth = _mm512_set1_epi8(0x10);
+        for (int g = 0; g < 8; g++) {
+            uint64_t mask;
+            memcpy(&mask, wb + 256 + 8 * g, 8);
+            w[g] = _mm512_mask_add_epi8(w[g], (__mmask64)mask, w[g], fifth);
+        }
+    }
+}
+#define TILE(R, BITS)                                                                                         \
+static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p,  \
+                             int pf, float *out) {                                                             \
     __m512 acc[R];                                                                                            \
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                                 \
-    const uint16_t *sc = (const uint16_t *)(p + nb * BQ);                                                     \
+    const uint16_t *sc = (const uint16_t *)(p + nb * BYTES(BITS));                                            \
     for (idx b = 0; b < nb; b++) {                                                                            \
-        const uint8_t *wb = p + b * BQ;                                                                       \
-        if (pf) for (int l = 0; l < BQ; l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);                      \
+        const uint8_t *wb = p + b * BYTES(BITS);                                                              \
+        if (pf) for (int l = 0; l < BYTES(BITS); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);             \
         __m512i w[8];                                                                                         \
-        for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(wb + 64 * g));                   \
+        unpack(wb, BITS, w);                                                                                  \
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + b * NB)));                     \
         _Pragma("GCC unroll 12")                                                                              \
         for (int r = 0; r < R; r++) {                                                                         \
             const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
-            __m512i s = _mm512_set1_epi32(-128 * xs[r * nb + b]);                                             \
+            __m512i s = _mm512_set1_epi32(-OFFSET(BITS) * xs[r * nb + b]);                                    \
             for (int g = 0; g < 8; g++) {                                                                     \
                 int32_t four;                                                                                 \
                 memcpy(&four, xr + 4 * g, 4);                                                                 \
@@ -154,40 +191,72 @@ static void tile##R(const int8_t *xq, const float *xd, const int32_t *xs, idx nb
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * NB, acc[r]);                                       \
 }
 #elif QM_PATH == 2 || QM_PATH == 1
+/* a 4- or 5-bit block unpacked to its 512 bytes q + OFFSET in `ub` (an 8-bit block is read where it is) */
+INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
+    if (bits == 8) return wb;
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int j = 0; j < 4; j++)
+        for (int h = 0; h < 2; h++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 64 * j + 32 * h));
+            _mm256_storeu_si256((__m256i *)(ub + 128 * j + 32 * h), _mm256_and_si256(v, low));
+            _mm256_storeu_si256((__m256i *)(ub + 128 * j + 64 + 32 * h),
+                                _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+        }
+    if (bits == 5) {
+        /* 32 mask bits -> 32 bytes: byte i takes mask byte i / 8, keeps bit i % 8, and becomes 0x10 or 0 */
+        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        const __m256i fifth = _mm256_set1_epi8(0x10);
+        for (int g = 0; g < 8; g++)
+            for (int h = 0; h < 2; h++) {
+                int32_t mask;
+                memcpy(&mask, wb + 256 + 8 * g + 4 * h, 4);
+                __m256i e = _mm256_shuffle_epi8(_mm256_set1_epi32(mask), pick);
+                e = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(e, bit), bit), fifth);
+                __m256i *u = (__m256i *)(ub + 64 * g + 32 * h);
+                _mm256_storeu_si256(u, _mm256_or_si256(_mm256_loadu_si256(u), e));
+            }
+    }
+    return ub;
+}
 #if QM_PATH == 2
-/* the 4-byte groups of 8 columns (unsigned, +128) dotted with the row's 4 bytes; the +128 is taken out below */
+/* the 4-byte groups of 8 columns (unsigned, q + offset) dotted with the row's 4 bytes; the offset is taken out by
+   the start value */
 #define DOT(s, w, x) s = _mm256_dpbusd_avx_epi32(s, w, x)
-#define START(xs) _mm256_set1_epi32(-128 * (xs))
+#define START(xs, off) _mm256_set1_epi32(-(off) * (xs))
 #else
-/* w = byte ^ 0x80 signed; |w| (unsigned) times x signed as w: pairs of products in int16 (|.| <= 2 x 128 x 127,
-   no saturation), summed into int32 */
+/* w = byte ^ 0x80 signed (q + offset - 128); |w| (unsigned) times x signed as w: pairs of products in int16
+   (|.| <= 2 x 128 x 127, no saturation), summed into int32; the start value takes out offset - 128 */
 #define DOT(s, w, x) do {                                                                                     \
         __m256i sw = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));                                       \
         __m256i pr = _mm256_maddubs_epi16(_mm256_abs_epi8(sw), _mm256_sign_epi8(x, sw));                      \
         s = _mm256_add_epi32(s, _mm256_madd_epi16(pr, _mm256_set1_epi16(1)));                                 \
     } while (0)
-#define START(xs) _mm256_setzero_si256()
+#define START(xs, off) _mm256_set1_epi32((128 - (off)) * (xs))
 #endif
-#define TILE(R)                                                                                               \
-static void tile##R(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p, int pf,  \
-                    float *out) {                                                                             \
+#define TILE(R, BITS)                                                                                         \
+static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p,  \
+                             int pf, float *out) {                                                             \
     __m256 lo[R], hi[R];                                                                                      \
+    uint8_t ub[BQ] __attribute__((aligned(32)));                                                              \
     for (int r = 0; r < R; r++) { lo[r] = _mm256_setzero_ps(); hi[r] = _mm256_setzero_ps(); }                 \
-    const uint16_t *sc = (const uint16_t *)(p + nb * BQ);                                                     \
+    const uint16_t *sc = (const uint16_t *)(p + nb * BYTES(BITS));                                            \
     for (idx b = 0; b < nb; b++) {                                                                            \
-        const uint8_t *wb = p + b * BQ;                                                                       \
-        if (pf) for (int l = 0; l < BQ; l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);                      \
+        const uint8_t *wb = p + b * BYTES(BITS);                                                              \
+        if (pf) for (int l = 0; l < BYTES(BITS); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);             \
+        const uint8_t *u = unpack(wb, BITS, ub);                                                              \
         __m256 dlo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB)));                        \
         __m256 dhi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB + 8)));                    \
         for (int r = 0; r < R; r++) {                                                                         \
             const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
-            __m256i s0 = START(xs[r * nb + b]), s1 = s0;                                                      \
+            __m256i s0 = START(xs[r * nb + b], OFFSET(BITS)), s1 = s0;                                        \
             for (int g = 0; g < 8; g++) {                                                                     \
                 int32_t four;                                                                                 \
                 memcpy(&four, xr + 4 * g, 4);                                                                 \
                 __m256i xb = _mm256_set1_epi32(four);                                                         \
-                __m256i w0 = _mm256_loadu_si256((const __m256i *)(wb + 64 * g));                              \
-                __m256i w1 = _mm256_loadu_si256((const __m256i *)(wb + 64 * g + 32));                         \
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(u + 64 * g));                               \
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(u + 64 * g + 32));                          \
                 DOT(s0, w0, xb);                                                                              \
                 DOT(s1, w1, xb);                                                                              \
             }                                                                                                 \
@@ -199,15 +268,29 @@ static void tile##R(const int8_t *xq, const float *xd, const int32_t *xs, idx nb
     for (int r = 0; r < R; r++) { _mm256_storeu_ps(out + r * NB, lo[r]); _mm256_storeu_ps(out + r * NB + 8, hi[r]); } \
 }
 #else
-#define TILE(R)                                                                                               \
-static void tile##R(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p, int pf,  \
-                    float *out) {                                                                             \
+INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
+    if (bits == 8) return wb;
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < 64; i++) {
+            ub[128 * j + i] = wb[64 * j + i] & 15;
+            ub[128 * j + 64 + i] = wb[64 * j + i] >> 4;
+        }
+    if (bits == 5)
+        for (int g = 0; g < 8; g++)
+            for (int i = 0; i < 64; i++)
+                ub[64 * g + i] |= ((wb[256 + 8 * g + i / 8] >> (i % 8)) & 1) << 4;
+    return ub;
+}
+#define TILE(R, BITS)                                                                                         \
+static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p,  \
+                             int pf, float *out) {                                                             \
     (void)xs; (void)pf;                                                                                       \
     float acc[R][NB];                                                                                         \
+    uint8_t ub[BQ];                                                                                           \
     memset(acc, 0, sizeof acc);                                                                               \
-    const uint16_t *sc = (const uint16_t *)(p + nb * BQ);                                                     \
+    const uint16_t *sc = (const uint16_t *)(p + nb * BYTES(BITS));                                            \
     for (idx b = 0; b < nb; b++) {                                                                            \
-        const uint8_t *wb = p + b * BQ;                                                                       \
+        const uint8_t *u = unpack(p + b * BYTES(BITS), BITS, ub);                                             \
         for (int r = 0; r < R; r++) {                                                                         \
             const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
             float dx = xd[r * nb + b];                                                                        \
@@ -215,7 +298,7 @@ static void tile##R(const int8_t *xq, const float *xd, const int32_t *xs, idx nb
                 int32_t s = 0;                                                                                \
                 for (int g = 0; g < 8; g++)                                                                   \
                     for (int j = 0; j < 4; j++)                                                               \
-                        s += ((int)wb[64 * g + 4 * c + j] - 128) * xr[4 * g + j];                             \
+                        s += ((int)u[64 * g + 4 * c + j] - OFFSET(BITS)) * xr[4 * g + j];                     \
                 float scale = half_to_float(sc[b * NB + c]) * dx;                                             \
                 acc[r][c] = fmaf((float)s, scale, acc[r][c]);                                                 \
             }                                                                                                 \
@@ -225,22 +308,26 @@ static void tile##R(const int8_t *xq, const float *xd, const int32_t *xs, idx nb
 }
 #endif
 
-TILE(1) TILE(2) TILE(3) TILE(4)
+#define TILES(BITS) TILE(1, BITS) TILE(2, BITS) TILE(3, BITS) TILE(4, BITS)
+#define MORE_TILES(BITS) TILE(5, BITS) TILE(6, BITS) TILE(7, BITS) TILE(8, BITS) TILE(9, BITS) TILE(10, BITS) \
+    TILE(11, BITS) TILE(12, BITS)
+TILES(8) TILES(5) TILES(4)
 #if MT > 4
-TILE(5) TILE(6) TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+MORE_TILES(8) MORE_TILES(5) MORE_TILES(4)
+#define ROW(BITS) {0, tile1_##BITS, tile2_##BITS, tile3_##BITS, tile4_##BITS, tile5_##BITS, tile6_##BITS,       \
+    tile7_##BITS, tile8_##BITS, tile9_##BITS, tile10_##BITS, tile11_##BITS, tile12_##BITS}
+#else
+#define ROW(BITS) {0, tile1_##BITS, tile2_##BITS, tile3_##BITS, tile4_##BITS}
 #endif
 
 typedef void (*tile_fn)(const int8_t *, const float *, const int32_t *, idx, const uint8_t *, int, float *);
-static const tile_fn tiles[MT + 1] = {0, tile1, tile2, tile3, tile4
-#if MT > 4
-    , tile5, tile6, tile7, tile8, tile9, tile10, tile11, tile12
-#endif
-};
+static const tile_fn tiles8[MT + 1] = ROW(8), tiles5[MT + 1] = ROW(5), tiles4[MT + 1] = ROW(4);
 
 static void panels(const int8_t *xq, const float *xd, const int32_t *xs, idx m, idx nb, const uint8_t *w, idx n,
-                   const float *bias, float *y, idx first, idx last) {
+                   int bits, const float *bias, float *y, idx first, idx last) {
     float out[MT * NB];
-    idx stride = panel_bytes(nb);
+    idx stride = panel_bytes(nb, bits);
+    const tile_fn *tiles = bits == 8 ? tiles8 : bits == 5 ? tiles5 : tiles4;
     for (idx q = first; q < last; q++) {
         const uint8_t *p = w + q * stride;
         idx c0 = q * NB, cols = n - c0 < NB ? n - c0 : NB;
@@ -255,9 +342,12 @@ static void panels(const int8_t *xq, const float *xd, const int32_t *xs, idx m, 
     }
 }
 
-/* y [m, n] = x [m, k] quantized per block of 32 times the Q8_0 weight given as panels (`pack`), + bias (may be
-   NULL); on `threads` threads. 0, or -1 when the scratch memory could not be had */
-int quant_mm(const float *x, idx m, idx k, const uint8_t *w, idx n, const float *bias, float *y, int threads) {
+/* y [m, n] = x [m, k] quantized per block of 32 times the weight given as panels of `bits`-bit blocks (8, 5 or 4:
+   `pack`), + bias (may be NULL); on `threads` threads. 0, -1 when the scratch memory could not be had, -2 for
+   another width */
+int quant_mm(const float *x, idx m, idx k, const uint8_t *w, idx n, int bits, const float *bias, float *y,
+             int threads) {
+    if (bits != 8 && bits != 5 && bits != 4) return -2;
     idx nb = (k + QK - 1) / QK, count = (n + NB - 1) / NB;
     int8_t *xq = malloc((size_t)(m * nb * QK) + 1);
     float *xd = malloc(sizeof(float) * (size_t)(m * nb) + 1);
@@ -268,11 +358,11 @@ int quant_mm(const float *x, idx m, idx k, const uint8_t *w, idx n, const float 
     #pragma omp parallel num_threads(threads) if (threads > 1 && count > 1 && m * k * n >= 65536)
     {
         idx t = omp_get_thread_num(), T = omp_get_num_threads();
-        panels(xq, xd, xs, m, nb, w, n, bias, y, count * t / T, count * (t + 1) / T);
+        panels(xq, xd, xs, m, nb, w, n, bits, bias, y, count * t / T, count * (t + 1) / T);
     }
 #else
     (void)threads;
-    panels(xq, xd, xs, m, nb, w, n, bias, y, 0, count);
+    panels(xq, xd, xs, m, nb, w, n, bits, bias, y, 0, count);
 #endif
     free(xq); free(xd); free(xs);
     return 0;
@@ -318,7 +408,7 @@ def _build(cc: str, folder: Path, march: str) -> ctypes.CDLL:
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     ll, vp = ctypes.c_longlong, ctypes.c_void_p
-    lib.quant_mm.argtypes = [vp, ll, ll, vp, ll, vp, vp, ctypes.c_int]
+    lib.quant_mm.argtypes = [vp, ll, ll, vp, ll, ctypes.c_int, vp, vp, ctypes.c_int]
     lib.quant_mm.restype = ctypes.c_int
     lib.quant_rows.argtypes = [vp, ll, ll, vp, vp, vp]
     lib.quant_rows.restype = None
@@ -328,15 +418,19 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def _checked(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """`lib` once it computes a small product with partial panels, blocks and tiles as the reference does
-    (ValueError if not): a compiler that miscompiles it must not reach a step."""
+    """`lib` once it computes a small product with partial panels, blocks and tiles as the reference does, at
+    every width (ValueError if not): a compiler that miscompiles it must not reach a step."""
     gen = torch.Generator().manual_seed(0)
     weight, bias, x = (torch.randn(*shape, generator=gen) for shape in ((50, 70), (50,), (13, 70)))
-    panels, got = pack(weight), torch.empty(13, 50)
-    if lib.quant_mm(x.data_ptr(), 13, 70, panels.data_ptr(), 50, bias.data_ptr(), got.data_ptr(), 1) != 0:
-        raise ValueError("it could not allocate its scratch memory")
-    if not torch.allclose(got, reference(x, weight, bias), rtol=1e-5, atol=1e-4):
-        raise ValueError("its results differ from the reference's")
+    for bits in BITS:
+        q, d = quantize_q8_0(weight)
+        if bits != 8:
+            q = q.clamp(-OFFSETS[bits], OFFSETS[bits] - 1)
+        panels, got = pack_blocks(q, d, bits), torch.empty(13, 50)
+        if lib.quant_mm(x.data_ptr(), 13, 70, panels.data_ptr(), 50, bits, bias.data_ptr(), got.data_ptr(), 1) != 0:
+            raise ValueError("it could not allocate its scratch memory")
+        if not torch.allclose(got, reference_blocks(x, q, d, bias), rtol=1e-5, atol=1e-4):
+            raise ValueError(f"its results differ from the reference's ({bits}-bit blocks)")
     if not lib.quant_threaded():
         log.warning("The quantized kernel was built without OpenMP: its matmuls run on one thread.")
     return lib
@@ -406,26 +500,43 @@ def from_gguf_q8_0(raw: torch.Tensor | "object", k: int) -> tuple[torch.Tensor, 
     return blocks[..., 2:].contiguous().view(torch.int8), blocks[..., :2].contiguous().view(torch.float16)[..., 0]
 
 
-def panel_bytes(k: int) -> int:
+def panel_bytes(k: int, bits: int = 8) -> int:
     nb = -(-k // BLOCK)
-    return nb * 512 + -(-nb * PANEL * 2 // 64) * 64
+    return nb * BLOCK_BYTES[bits] + -(-nb * PANEL * 2 // 64) * 64
 
 
-def pack_blocks(quants: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Q8_0 blocks (int8 [N, nb, 32], fp16 [N, nb]) -> panels uint8 [ceil(N / 16), panel_bytes] (see the module's
-    docstring), the columns past N zero."""
+def pack_blocks(quants: torch.Tensor, scales: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """Blocks (int8 [N, nb, 32], fp16 [N, nb]; w = q x d) -> panels uint8 [ceil(N / 16), panel_bytes(K, bits)] (see
+    the module's docstring), the columns past N zero. 5 and 4 bits hold quants in [-16, 15] and [-8, 7] (a Q5_0
+    or Q4_0 block's q - 16 or q - 8): ValueError for one outside."""
+    if bits not in BITS:
+        raise ValueError(f"no {bits}-bit panels: use one of {BITS}")
     n, nb, _ = quants.shape
+    off = OFFSETS[bits]
+    if bits != 8 and n and (int(quants.min()) < -off or int(quants.max()) >= off):
+        raise ValueError(f"{bits}-bit panels hold quants in [{-off}, {off - 1}]")
     count = -(-n // PANEL)
     q = torch.zeros(count * PANEL, nb, BLOCK, dtype=torch.int8)
     q[:n] = quants
     d = torch.zeros(count * PANEL, nb, dtype=torch.float16)
     d[:n] = scales
-    # [P, 16 cols, nb, 8 groups, 4] -> [P, nb, 8, 16, 4]; q + 128 as a byte is q's bits with the top one flipped
-    body = q.view(count, PANEL, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(count, nb * 512).view(torch.uint8) ^ 0x80
+    # [P, 16 cols, nb, 8 groups, 4] -> [P, nb, 8, 16 x 4]: the bytes q + offset, as the kernel unpacks them
+    u = (q.view(count, PANEL, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(count, nb, 8, 64).short() + off).to(torch.uint8)
+    if bits == 8:
+        body = u.reshape(count, nb * 512)
+    else:
+        low = u & 15
+        nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [P, nb, 4, 64]: groups 2j low, 2j + 1 high
+        parts = [nibbles.reshape(count, nb, 256)]
+        if bits == 5:  # bit i of group g's mask (a little-endian uint64) is byte i's fifth bit
+            fifth = ((u >> 4) & 1).view(count, nb, 8, 8, 8).long()
+            masks = (fifth << torch.arange(8)).sum(-1).to(torch.uint8)  # [P, nb, 8 groups, 8 bytes]
+            parts.append(masks.reshape(count, nb, 64))
+        body = torch.cat(parts, -1).reshape(count, nb * BLOCK_BYTES[bits])
     tail = d.view(count, PANEL, nb).transpose(1, 2).reshape(count, nb * PANEL).view(torch.uint8)  # [P, nb 16 2]
-    out = torch.zeros(count, panel_bytes(nb * BLOCK), dtype=torch.uint8)
-    out[:, : nb * 512] = body
-    out[:, nb * 512 : nb * 512 + tail.shape[1]] = tail
+    out = torch.zeros(count, panel_bytes(nb * BLOCK, bits), dtype=torch.uint8)
+    out[:, : body.shape[1]] = body
+    out[:, body.shape[1] : body.shape[1] + tail.shape[1]] = tail
     return out
 
 
@@ -449,7 +560,12 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """What the kernel computes, in float64 after the exact integer sums: sum over blocks of
     sum(qw qx) * float32(d_w d_x), + bias (the kernel adds the terms in fp32, one fused multiply-add each)."""
-    qw, dw = quantize_q8_0(weight)
+    return reference_blocks(x, *quantize_q8_0(weight), bias)
+
+
+def reference_blocks(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`reference` for a weight given as blocks (int8 [N, nb, 32], fp16 [N, nb])."""
     qx, dx = quantize_rows(x)
     sums = torch.einsum("nbi,mbi->mnb", qw.long(), qx.long())  # [m, N, nb] exact
     scale = dw.float()[None] * dx[:, None]  # fp32 products, as the kernel's
@@ -460,33 +576,33 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
 
 def quant_mm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None,
-             lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """x [m, K] (fp32) times the Q8_0 weight in `panels` (`pack`) + bias -> [m, n]."""
+             lib: ctypes.CDLL | None = None, bits: int = 8) -> torch.Tensor:
+    """x [m, K] (fp32) times the weight in `panels` of `bits`-bit blocks (`pack`, `pack_blocks`) + bias -> [m, n]."""
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the quantized kernel is not available on this machine")
     x = x.contiguous()
     m, k = x.shape
-    if (x.dtype != torch.float32 or panels.dtype != torch.uint8 or panels.dim() != 2
-            or panels.shape[1] != panel_bytes(k) or panels.shape[0] * PANEL < n or not panels.is_contiguous()
+    if (x.dtype != torch.float32 or panels.dtype != torch.uint8 or panels.dim() != 2 or bits not in BITS
+            or panels.shape[1] != panel_bytes(k, bits) or panels.shape[0] * PANEL < n or not panels.is_contiguous()
             or not (x.is_cpu and panels.is_cpu)
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() < n
                                       or not bias.is_cpu))):
-        raise ValueError(f"quant_mm: input [{m}, {k}] {x.dtype} does not fit panels {list(panels.shape)} "
+        raise ValueError(f"quant_mm: input [{m}, {k}] {x.dtype} does not fit {bits}-bit panels {list(panels.shape)} "
                          f"{panels.dtype} for {n} outputs" + ("" if bias is None else f", bias [{bias.numel()}]"))
     y = torch.empty(m, n, dtype=torch.float32)
-    if m and lib.quant_mm(x.data_ptr(), m, k, panels.data_ptr(), n, None if bias is None else bias.data_ptr(),
+    if m and lib.quant_mm(x.data_ptr(), m, k, panels.data_ptr(), n, bits, None if bias is None else bias.data_ptr(),
                           y.data_ptr(), torch.get_num_threads()) != 0:
         raise MemoryError("quant_mm: no scratch memory for the quantized rows")
     return y
 
 
-def _op(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    return quant_mm(x, panels, n, bias)
+def _op(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None, bits: int = 8) -> torch.Tensor:
+    return quant_mm(x, panels, n, bias, bits=bits)
 
 
 # The op TorchScript calls (torch.ops.rest_lsp.quant_mm), in the namespace panel_matmul defines.
 assert panel_matmul._ops is not None
 _ops = torch.library.Library("rest_lsp", "FRAGMENT")
-_ops.define("quant_mm(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor")
+_ops.define("quant_mm(Tensor x, Tensor panels, int n, Tensor? bias, int bits=8) -> Tensor")
 _ops.impl("quant_mm", _op, "CPU")
