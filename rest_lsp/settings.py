@@ -24,7 +24,7 @@ SECTION_NAMES = ("rest-lsp", "restLsp", "rest_lsp")
 class Settings:
     model: str | None = None  # HF hub id, local folder or .gguf file; None = the bundled default
     device: str | None = None  # "cpu", "cuda", "cuda:1", "mps"; None = best available
-    dtype: str | None = None  # "float32", "bfloat16", "float16", "float16-weights", "q8_0"; None = runmode's choice
+    dtype: str | None = None  # "float32", "bfloat16", "float16", "float16-weights", "q8_0", "gguf"; None: runmode's
     max_new_tokens: int = 64
     # lines a suggestion holds at most where several may come (an empty line, a block opener); the next ones come as
     # the person accepts (the server computes them while the suggestion is shown). Set by text alone, a
@@ -117,7 +117,7 @@ _RANGES = {
     "suggestion_cache_size": (0, 100_000),
     "max_file_bytes": (1, 1 << 34),
 }
-_DTYPES = ("float32", "float16", "bfloat16", "float16-weights", "q8_0", "auto")
+_DTYPES = ("float32", "float16", "bfloat16", "float16-weights", "q8_0", "gguf", "auto")
 
 
 def _check(name: str, value: Any) -> Any:

@@ -13,9 +13,10 @@ fused into one matmul each, made once) over a KV cache of its own:
   - on a CPU the matmuls run on a packed copy of the weights (`Matmul`, the packing chosen by engine/runmode.py):
     in fp32 our panel kernel where a compiler builds it (panel_matmul.py: each row's result independent of the
     rows beside it), else oneDNN's layout; fbgemm's fp16 copy in float16-weights; a GGUF's Q8_0 blocks on our
-    integer kernel in q8_0 (quant_matmul.py). MKL behind F.linear runs 2+ rows as a GEMM that costs several times
-    one row's GEMV, which a tree step cannot afford (benchmarks/RESULTS.md, "Kernels"). The price: a second copy
-    of the linear weights (the model's own stay for the transformers path).
+    integer kernel in q8_0 (quant_matmul.py), its Q8_0, Q5_0 and Q4_0 blocks as they are in gguf. MKL behind
+    F.linear runs 2+ rows as a GEMM that costs several times one row's GEMV, which a tree step cannot afford
+    (benchmarks/RESULTS.md, "Kernels"). The price: a second copy of the linear weights (the model's own stay for
+    the transformers path).
 
 Models it does not know (another attention, a soft-capped head, sliding windows, scaled RoPE) keep the
 transformers path: `unsupported(model)` says which. Numerics follow transformers' to rounding (RMSNorm in fp32,
@@ -111,7 +112,7 @@ def q8_packs(dtype: torch.dtype, device: torch.device) -> bool:
     return quant_matmul.available()
 
 
-PACKINGS = ("panel", "onednn", "fp16", "q8", "none")
+PACKINGS = ("panel", "onednn", "fp16", "q8", "gguf", "none")
 PACK_ROWS = 8  # the input rows oneDNN is told to expect when it picks the weight layout (a tree step's size)
 
 
@@ -123,14 +124,16 @@ class Matmul(torch.nn.Module):
     - "fp16": fbgemm's fp16 copy, multiplied in fp32 (half the bytes a step streams; the weights round to fp16
       once, so outputs differ from fp32's where the model is near a tie: the "float16-weights" mode);
     - "q8": Q8_0 blocks (a GGUF's own, or the weight quantized to them) on rest-lsp's integer kernel
-      (quant_matmul.py; the rows quantized per block of 32, each row's result the same for any number of rows).
+      (quant_matmul.py; the rows quantized per block of 32, each row's result the same for any number of rows);
+    - "gguf": the same kernel on a .gguf's own Q8_0, Q5_0 and Q4_0 blocks (8, 5 and 4-bit panels, `blocks`: one
+      (rows, gguf_blocks.Blocks or None) a fused part), the other tensors' weights quantized to Q8_0 as in "q8".
     A module, so that the layer stack can run as TorchScript (`LayerStack`)."""
 
     packing = "none"
 
     @staticmethod
     @torch.no_grad()
-    def of(weight: torch.Tensor, bias: torch.Tensor | None, pack: str) -> "Matmul":
+    def of(weight: torch.Tensor, bias: torch.Tensor | None, pack: str, blocks: list | None = None) -> "Matmul":
         if pack == "panel":
             from rest_lsp.engine import panel_matmul
 
@@ -143,6 +146,8 @@ class Matmul(torch.nn.Module):
 
             return QuantMatmul(quant_matmul.pack(weight), weight.shape[0],
                                None if bias is None else bias.detach().float().contiguous())
+        if pack == "gguf":
+            return GgufMatmul.of_blocks(weight, bias, blocks or [(weight.shape[0], None)])
         if pack == "fp16":
             return Fp16Matmul(torch.ops.quantized.linear_prepack_fp16(weight.detach(),
                                                                       None if bias is None else bias.detach()))
@@ -176,12 +181,56 @@ class QuantMatmul(Matmul):
     packing = "q8"
     bias: Optional[torch.Tensor]
 
-    def __init__(self, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None):
+    def __init__(self, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None, bits: int = 8):
         super().__init__()
         self.panels, self.out_features, self.bias = panels, out_features, bias  # uint8 [N/16, bytes], N, [N]
+        self.bits = bits  # the width of the panels' blocks: 8, 5 or 4
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.rest_lsp.quant_mm(x, self.panels, self.out_features, self.bias)
+        return torch.ops.rest_lsp.quant_mm(x, self.panels, self.out_features, self.bias, self.bits)
+
+
+class GgufMatmul(Matmul):
+    """A weight whose row ranges run on panels of their own widths (a fused q/k/v whose v is Q8_0 and q, k Q5_0):
+    each output column is one part's, computed as that part alone computes it; the parts' outputs side by side."""
+
+    packing = "gguf"
+
+    def __init__(self, parts: List[QuantMatmul]):
+        super().__init__()
+        self.parts = torch.nn.ModuleList(parts)
+
+    @staticmethod
+    @torch.no_grad()
+    def of_blocks(weight: torch.Tensor, bias: torch.Tensor | None, blocks: list) -> "GgufMatmul":
+        """`blocks`: (rows, gguf_blocks.Blocks or None) for consecutive row ranges of `weight`; None quantizes
+        those rows to Q8_0. Neighbouring ranges of one width share a part."""
+        from rest_lsp.engine import quant_matmul
+
+        runs: list[list] = []  # [bits, quants, scales, first row, rows]
+        start = 0
+        for rows, found in blocks:
+            if found is None:
+                bits, (q, d) = 8, quant_matmul.quantize_q8_0(weight[start : start + rows])
+            else:
+                bits, q, d = found.bits, found.quants, found.scales
+            if runs and runs[-1][0] == bits:
+                last = runs[-1]
+                last[1], last[2], last[4] = torch.cat([last[1], q]), torch.cat([last[2], d]), last[4] + rows
+            else:
+                runs.append([bits, q, d, start, rows])
+            start += rows
+        if start != weight.shape[0]:
+            raise ValueError(f"blocks for {start} rows of a weight of {weight.shape[0]}")
+        return GgufMatmul([QuantMatmul(quant_matmul.pack_blocks(q, d, bits), rows,
+                                       None if bias is None else bias[first : first + rows].float().contiguous(), bits)
+                           for bits, q, d, first, rows in runs])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs: List[torch.Tensor] = []
+        for part in self.parts:
+            outs.append(part(x))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
 
 
 class OneDNNMatmul(Matmul):
@@ -216,7 +265,8 @@ def pick_packing(pack: str | bool | None, dtype: torch.dtype, device: torch.devi
     name = {True: "onednn", False: "none"}.get(pack, pack)
     if name not in PACKINGS:
         raise ValueError(f"unknown packing {pack!r}: use one of {', '.join(PACKINGS)}")
-    runs = {"panel": panel_packs, "onednn": onednn_packs, "fp16": fp16_packs, "q8": q8_packs}.get(name)
+    runs = {"panel": panel_packs, "onednn": onednn_packs, "fp16": fp16_packs, "q8": q8_packs,
+            "gguf": q8_packs}.get(name)
     if runs is not None and not runs(dtype, device):
         raise ValueError(f"{name} cannot pack {dtype} weights on {device}")
     return name
@@ -422,7 +472,7 @@ class LeanLlama:
         self.norm = Norm.of(model.model.norm.weight)
         self.packing = pick_packing(pack, self.dtype, self.device)
         # Q8_0 weights keep their blocks as they are: attention takes the scale (in fp16 a scaled block scale can round)
-        scale = query_scale(self.head_dim) if self.packing != "q8" else None
+        scale = query_scale(self.head_dim) if self.packing not in ("q8", "gguf") else None
         # the attention scale, where the query weights could not take it exactly
         self.score_scale = 1.0 if scale is not None else self.head_dim**-0.5
         # Verification steps run static (see `step`) on a GPU, where launches cost more than the arithmetic; on a
@@ -438,9 +488,14 @@ class LeanLlama:
         if built is None or built[0][0].source != q.data_ptr():  # never built, or moved/cast since
             head = model.get_output_embeddings()
             shape = (self.heads, self.kv_heads, self.head_dim)
-            layers = [self._fuse(layer, self.packing, shape, scale, self.eps, self.score_scale)
-                      for layer in model.model.layers]
-            built = model.__dict__[key] = (layers, Matmul.of(head.weight, head.bias, self.packing), {})
+            weights = self._gguf_weights(model) if self.packing == "gguf" else None
+            layers = [self._fuse(layer, self.packing, shape, scale, self.eps, self.score_scale, weights, i)
+                      for i, layer in enumerate(model.model.layers)]
+            head_blocks = None if weights is None else [
+                (head.weight.shape[0], weights.blocks(weights.head_name(), head.weight))]
+            built = model.__dict__[key] = (layers, Matmul.of(head.weight, head.bias, self.packing, head_blocks), {})
+            if weights is not None:
+                weights.report()
         self.layers = built[0]
         self.head = built[1]  # logits [n, V] from final hidden states [n, H]
         stacks = built[2]
@@ -460,9 +515,20 @@ class LeanLlama:
         return isinstance(self.stack, torch.jit.ScriptModule)
 
     @staticmethod
+    def _gguf_weights(model):
+        """The blocks of the .gguf the model was loaded from (gguf_blocks), for the gguf packing."""
+        from rest_lsp.engine import gguf_blocks
+
+        path = gguf_blocks.source(model)
+        if path is None:
+            raise ValueError("the gguf packing runs the blocks of a .gguf file, and this model was not loaded "
+                             "from one")
+        return gguf_blocks.GgufWeights(path)
+
+    @staticmethod
     @torch.no_grad()
     def _fuse(layer, pack: str, shape: tuple[int, int, int], scale: float | None, eps: float,
-              score_scale: float) -> _Layer:
+              score_scale: float, weights=None, index: int = 0) -> _Layer:
         """One matmul for q, k and v, one for gate and up. The modules' own weights become views into the fused
         tensors, so the model holds its weights once and the transformers path keeps working on them. With a
         `scale`, the matmul's query rows are a scaled copy: attention then needs no scaling op per layer."""
@@ -479,13 +545,20 @@ class LeanLlama:
             qkv[:q_rows] *= scale
             if bias is not None:
                 bias[:q_rows] *= scale
+
+        def blocks(*parts):  # the gguf packing: each module's rows, with the file's blocks where they are kept
+            if weights is None:
+                return None
+            return [(m.weight.shape[0], weights.blocks(f"blk.{index}.{name}.weight", m.weight)) for name, m in parts]
+
         return _Layer(
             norm_in=Norm.of(layer.input_layernorm.weight),
-            qkv=Matmul.of(qkv, bias, pack),
-            o=Matmul.of(at.o_proj.weight, None, pack),
+            qkv=Matmul.of(qkv, bias, pack,
+                          blocks(("attn_q", at.q_proj), ("attn_k", at.k_proj), ("attn_v", at.v_proj))),
+            o=Matmul.of(at.o_proj.weight, None, pack, blocks(("attn_output", at.o_proj))),
             norm_post=Norm.of(layer.post_attention_layernorm.weight),
-            gate_up=Matmul.of(gate_up, None, pack),
-            down=Matmul.of(mlp.down_proj.weight, None, pack),
+            gate_up=Matmul.of(gate_up, None, pack, blocks(("ffn_gate", mlp.gate_proj), ("ffn_up", mlp.up_proj))),
+            down=Matmul.of(mlp.down_proj.weight, None, pack, blocks(("ffn_down", mlp.down_proj))),
             source=fused[0].data_ptr(),
             shape=shape,
             eps=eps,

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from rest_lsp.engine import saved_tokenizer
+from rest_lsp.engine import gguf_blocks, saved_tokenizer
 from rest_lsp.errors import ModelLoadError
 from rest_lsp.engine.model_source import DEFAULT_GGUF_NAME, DEFAULT_MODEL, cache_root
 from rest_lsp.engine.model_source import gguf_cache_dir as _gguf_cache_dir
@@ -230,6 +230,9 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         log.warning(note)
     model, tok = _load(spec, mode.dtype)
     model.to(mode.device).eval()
+    folder, gguf_file = _resolve(spec)
+    if gguf_file:  # the gguf mode runs the file's own blocks
+        gguf_blocks.attach(model, Path(folder) / gguf_file)
     saved_tokenizer.keep(spec, tok)
     tokenizer = Tokenizer(tok)
     return LoadedModel(model=model, tokenizer=tokenizer, device=mode.device, dtype=mode.dtype,

@@ -27,15 +27,20 @@ FP16_WEIGHTS = "float16-weights"
 # per block of 32, so it is not the exact mode, but a row's result does not depend on the rows beside it: REST output
 # is plain decoding's in this mode.
 Q8_WEIGHTS = "q8_0"
+# fp32 activations over a .gguf's own weight blocks on the same kernel: its Q8_0, Q5_0 and Q4_0 tensors as they are in
+# the file (5 and 4-bit panels: a step streams fewer bytes than q8_0), the others (Q4_K, Q6_K, F16...) requantized to
+# Q8_0; outputs depend on the file's blocks and the per-block quantization of each matmul's input rows, not on the
+# rows beside them: REST output is plain decoding's in this mode. A model that is not a .gguf is refused.
+GGUF_WEIGHTS = "gguf"
 # The dtype a load gets when none is asked for, in place of the machine's own default (as if --dtype named it):
 # `./dev.sh test` sets it for a second pass over the tests of the default mode, so the other path runs too.
 DTYPE_ENV = "REST_LSP_DTYPE"
 
 
 def mode_name(dtype: torch.dtype, packing: str | None) -> str:
-    """The numerics outputs depend on: "float32", "bfloat16", "float16", "float16-weights" or "q8_0"."""
-    if packing in ("fp16", "q8"):
-        return FP16_WEIGHTS if packing == "fp16" else Q8_WEIGHTS
+    """The numerics outputs depend on: "float32", "bfloat16", "float16", "float16-weights", "q8_0" or "gguf"."""
+    if packing in ("fp16", "q8", "gguf"):
+        return {"fp16": FP16_WEIGHTS, "q8": Q8_WEIGHTS, "gguf": GGUF_WEIGHTS}[packing]
     return str(dtype).removeprefix("torch.")
 
 
@@ -79,6 +84,8 @@ PACKINGS: dict[str, Packing] = {
     "q8": Packing(cost_curve({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 12: 1.39, 16: 1.93}), head_batch=12,
                   head_batch_from=1.4, miss_rows=4),
 }
+# A .gguf's own 8, 5 and 4-bit blocks on the same kernel and tiles: q8's curve until measured
+PACKINGS["gguf"] = PACKINGS["q8"]
 # A GPU verifies a few dozen tokens in about the time of one.
 FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
 
@@ -135,8 +142,8 @@ def pick_dtype(dtype: str | None, device: torch.device) -> tuple[torch.dtype, st
     if dtype in (None, "", "auto"):
         return (torch.bfloat16 if device.type == "cpu" and native_bf16() else torch.float32), None
     if dtype not in DTYPES:
-        raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)}, {FP16_WEIGHTS}, {Q8_WEIGHTS} "
-                             "or 'auto'.")
+        raise ModelLoadError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)}, {FP16_WEIGHTS}, {Q8_WEIGHTS}, "
+                             f"{GGUF_WEIGHTS} or 'auto'.")
     return runnable_dtype(device, DTYPES[dtype])
 
 
@@ -156,13 +163,16 @@ def pick_weight_packing(dtype: str | None, device: torch.device, gguf: bool = Fa
         if gguf and device.type == "cpu" and not native_bf16() and fp16_packs(torch.float32, device):
             return "fp16", None
         return None, None
-    if dtype == Q8_WEIGHTS:
+    if dtype == GGUF_WEIGHTS and not gguf:
+        raise ModelLoadError("--dtype gguf runs a .gguf file's own weight blocks, and this model is not a .gguf file: "
+                             "use --dtype q8_0 to run it on Q8_0 weights.")
+    if dtype in (Q8_WEIGHTS, GGUF_WEIGHTS):
         from rest_lsp.engine.lean_llama import q8_packs
 
         if q8_packs(torch.float32, device):
-            return "q8", None
-        return None, (f"q8_0 runs on a CPU where a C compiler builds rest-lsp's integer kernel, not on {device} here: "
-                      "rest-lsp runs the model in float32 instead.")
+            return ("q8" if dtype == Q8_WEIGHTS else "gguf"), None
+        return None, (f"{dtype} runs on a CPU where a C compiler builds rest-lsp's integer kernel, not on {device} "
+                      "here: rest-lsp runs the model in float32 instead.")
     if dtype != FP16_WEIGHTS:
         return None, None
     if fp16_packs(torch.float32, device):
@@ -178,7 +188,7 @@ def decide(device: str | None, dtype: str | None, gguf: bool = False) -> RunMode
     if dtype in (None, "", "auto") and os.environ.get(DTYPE_ENV):
         dtype = os.environ[DTYPE_ENV]  # the user's default, or the tests' second pass: as if asked for
     dev = pick_device(device)
-    dt, dtype_note = pick_dtype("float32" if dtype in (FP16_WEIGHTS, Q8_WEIGHTS) else dtype, dev)
+    dt, dtype_note = pick_dtype("float32" if dtype in (FP16_WEIGHTS, Q8_WEIGHTS, GGUF_WEIGHTS) else dtype, dev)
     packing, note = None, None
     if dt == torch.float32:  # float16-weights computes in fp32; a bf16 or fp16 model keeps its own weights
         packing, note = pick_weight_packing(dtype, dev, gguf=gguf)
