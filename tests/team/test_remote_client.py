@@ -217,3 +217,64 @@ async def test_stats_never_waits_on_the_language_servers_event_loop(tmp_path):
     finally:
         service.status = "closed"
         service.close()
+
+
+def test_an_outage_is_said_once_however_many_keystrokes_and_each_new_one_again(shared, root, tmp_path):
+    """The server goes away, comes back, goes away: two error messages (not one per completion asked meanwhile,
+    never a traceback), the return in the log, completions again in between."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from rest_lsp.team.app import Replica, create_app
+    from rest_lsp.team.workspaces import Workspaces
+
+    replica = Replica(Workspaces(shared, shared.settings, 1 << 30), TOKEN, "r0")
+    app = create_app(lambda: replica)
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+
+    def serve():
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        wait_for(lambda: server.started, 10, "uvicorn")
+        return server, thread
+
+    def stop(server, thread):
+        server.should_exit = True
+        thread.join(10)
+
+    def keystrokes(n):
+        return [service.submit("file:///m.py", TEXT[:len(TEXT) - i], len(TEXT) - i).future.result(60)
+                for i in range(n)]
+
+    said = Said()
+    service = RemoteService(client_settings(tmp_path, shared), said, f"http://127.0.0.1:{port}", TOKEN)
+    running = serve()
+    try:
+        service.start([root])
+        wait_for(lambda: service.stats()["snapshots_sent"] >= 1, what="the first snapshot")
+        assert keystrokes(1)[0] is not None
+        for outage in (1, 2):
+            stop(*running)
+            assert keystrokes(5) == [None] * 5
+            time.sleep(2.5)  # the sync loop tries again meanwhile
+            errors = [text for level, text in said.messages if level == "error"]
+            assert len(errors) == outage, errors
+            assert all("cannot be reached" in e and "\n" not in e and "Traceback" not in e for e in errors)
+            assert service.stats()["status"] == "unreachable"
+            running = serve()
+            wait_for(lambda: service.stats()["status"] == "connected", 30, "the server's return")
+            wait_for(lambda: keystrokes(1)[0] is not None, 30, "completions again")
+            assert sum("answers again" in t for level, t in said.messages if level == "info") == outage
+    finally:
+        service.close()
+        stop(*running)
+        replica.workspaces.close()
