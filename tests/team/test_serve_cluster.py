@@ -1,7 +1,8 @@
-"""`rest-lsp serve` on a real local Ray cluster (2 replicas x 1 thread, the tiny model, float32): completions equal
-the in-process service's, a workspace stays on its replica, workspaces spread over replicas, a client timeout
-stops the replica's work, a replica killed under load costs at most a retry, and teardown leaves nothing behind.
-Slow: the cluster takes about 30 s to start."""
+"""`rest-lsp serve` on a real local Ray cluster (2 replicas x 1 thread, the tiny model, float32), over HTTPS with a
+self-signed certificate (--tls-cert, --tls-key; the editors trust it by its file): completions equal the in-process
+service's, a workspace stays on its replica and its log lines name it, workspaces spread over replicas, a client
+timeout stops the replica's work, a replica killed under load costs at most a retry, and teardown leaves nothing
+behind. Slow: the cluster takes about 30 s to start."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def ray_processes(marker: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_models):
+def cluster(tiny_models, certificate):
     from rest_lsp.commands import serve as serve_command
 
     folder = Path(tempfile.mkdtemp(prefix="rlt", dir="/tmp"))  # short: Ray's socket paths have a length limit
@@ -58,10 +59,12 @@ def cluster(tiny_models):
     sock.close()
     args = argparse.Namespace(model=str(tiny_models["random"]), dtype="float32", device="cpu", replicas=2,
                               num_cpus=1, num_gpus=0, host="127.0.0.1", port=port, token_file=str(token_file),
-                              tls_cert=None, tls_key=None, workspace_mb=512, cache_dir=str(folder / "cache"))
+                              tls_cert=str(certificate[0]), tls_key=str(certificate[1]), workspace_mb=512,
+                              cache_dir=str(folder / "cache"))
     url = serve_command.start(args, ray_init={"_temp_dir": str(folder / "ray")})
+    assert url.startswith("https://")
     try:
-        yield url, folder
+        yield url, folder, str(certificate[0])
     finally:
         serve_command.stop()
         deadline = time.monotonic() + 30
@@ -86,8 +89,9 @@ def workspace(tmp_path, name="ws"):
     return root
 
 
-def remote(url, root, tmp_path, **kw):
-    service = RemoteService(settings(tmp_path), NoEvents(), url, TOKEN, **kw)
+def remote(cluster, root, tmp_path, **kw):
+    url, _, cert = cluster
+    service = RemoteService(settings(tmp_path), NoEvents(), url, TOKEN, cert, **kw)
     service.start([root])
     assert service.wait_ready(60) and service.wait_indexed(60)
     deadline = time.monotonic() + 60
@@ -98,11 +102,10 @@ def remote(url, root, tmp_path, **kw):
 
 
 def test_completions_equal_the_in_process_service_and_stay_on_one_replica(cluster, tiny_models, tmp_path):
-    url, _ = cluster
     root = workspace(tmp_path)
     local = CompletionService(settings(tmp_path, model=str(tiny_models["random"])))
     local.start([root])
-    service = remote(url, root, tmp_path)
+    service = remote(cluster, root, tmp_path)
     try:
         assert local.wait_ready(60) and local.wait_indexed(60)
         shown = 0
@@ -115,6 +118,10 @@ def test_completions_equal_the_in_process_service_and_stay_on_one_replica(cluste
         stats = service.stats()
         assert len(stats["replicas"]) == 1 and sum(stats["replicas"].values()) == len(TEXTS) * 2
         assert stats["snapshots_sent"] == 1 and stats["retried"] == 0 and stats["documents"] == 1
+        # the replica's log (Serve's file for it) has the workspace's lines, each naming it
+        logs = list((cluster[1] / "ray").glob("session_*/logs/serve/replica_*.log"))
+        text = "".join(p.read_text(errors="replace") for p in logs)
+        assert f"[{service.workspace}] new on this replica" in text and f"[{service.workspace}] snapshot" in text
     finally:
         service.close()
         local.close()
@@ -122,8 +129,7 @@ def test_completions_equal_the_in_process_service_and_stay_on_one_replica(cluste
 
 def test_workspaces_spread_over_the_replicas(cluster, tmp_path):
     """New workspaces go to the replica holding the fewest: four editors, two on each replica, each on one."""
-    url, _ = cluster
-    services = [remote(url, workspace(tmp_path, f"w{i}"), tmp_path) for i in range(4)]
+    services = [remote(cluster, workspace(tmp_path, f"w{i}"), tmp_path) for i in range(4)]
     try:
         placed = []
         for service in services:
@@ -139,9 +145,9 @@ def test_workspaces_spread_over_the_replicas(cluster, tmp_path):
 
 
 def test_a_client_timeout_stops_the_replicas_work(cluster, tmp_path):
-    url, _ = cluster
+    url, _, cert = cluster
     # a give-up time well below what the tiny model takes to fill its context, so the replica is still decoding
-    service = remote(url, workspace(tmp_path), tmp_path, timeout_s=0.25)
+    service = remote(cluster, workspace(tmp_path), tmp_path, timeout_s=0.25)
     try:
         service.update_settings(settings(tmp_path, max_new_tokens=4000, max_lines=0, time_budget_ms=0,
                                          wait_budget_ms=0))
@@ -149,7 +155,7 @@ def test_a_client_timeout_stops_the_replicas_work(cluster, tmp_path):
         started = time.monotonic()
         assert service.submit("file:///long.py", text, len(text)).future.result(30) is None
         assert time.monotonic() - started < 5
-        http = Http(url, TOKEN, service.workspace)
+        http = Http(url, TOKEN, service.workspace, ca_file=cert)
         deadline = time.monotonic() + 20
         while http.call("GET", f"{API}/workspaces/{service.workspace}/stats")["cancelled"] < 1:
             assert time.monotonic() < deadline, "the replica never cancelled"
@@ -162,15 +168,15 @@ def test_a_client_timeout_stops_the_replicas_work(cluster, tmp_path):
 def test_a_replica_killed_under_load_costs_at_most_a_retry(cluster, tiny_models, tmp_path):
     from ray import serve
 
-    url, _ = cluster
+    url, _, cert = cluster
     root = workspace(tmp_path)
-    service = remote(url, root, tmp_path)
+    service = remote(cluster, root, tmp_path)
     local = CompletionService(settings(tmp_path, model=str(tiny_models["random"])))
     local.start([root])
     try:
         assert local.wait_ready(60) and local.wait_indexed(60)
         expected = {t: local.submit("file:///e.py", t, len(t)).future.result(60) for t in TEXTS}
-        http = Http(url, TOKEN, service.workspace)
+        http = Http(url, TOKEN, service.workspace, ca_file=cert)
         service.submit("file:///m.py", TEXTS[0], len(TEXTS[0])).future.result(60)
         pid = http.call("GET", f"{API}/workspaces/{service.workspace}/stats")["pid"]
         tickets = [(t, service.submit(f"file:///k{i}.py", t, len(t))) for i, t in enumerate(TEXTS)]
@@ -192,7 +198,8 @@ def test_a_replica_killed_under_load_costs_at_most_a_retry(cluster, tiny_models,
                 break
             assert time.monotonic() - killed < 60, "no replacement replica within 60 s"
             time.sleep(0.25)
-        http = Http(url, TOKEN, service.workspace)  # the workspace is served again, by the replica now its own
+        # the workspace is served again, by the replica now its own
+        http = Http(url, TOKEN, service.workspace, ca_file=cert)
         assert http.call("GET", f"{API}/workspaces/{service.workspace}/stats")["pid"] != pid
     finally:
         service.close()

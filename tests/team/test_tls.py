@@ -12,7 +12,7 @@ import time
 
 import pytest
 from support import TEAM_TOKEN as TOKEN
-from support import cursor_at_end, greedy, inline, open_doc, start
+from support import command, cursor_at_end, greedy, inline, open_doc, start
 
 from rest_lsp.errors import UserError
 from rest_lsp.settings import Settings
@@ -137,6 +137,8 @@ async def test_the_language_server_completes_over_https_with_remote_ca_file(tls_
                 break
             await asyncio.sleep(0.2)
         assert [i.insert_text for i in result.items] == [greedy(tiny_models["random"], TEXT, after, 8)]
+        stats = await command(client, "rest-lsp.stats")  # what the editor shows: decoding is remote, and where
+        assert (stats["mode"], stats["status"], stats["remote"]) == ("remote", "connected", url)
     finally:
         await client.shutdown_session()
 
