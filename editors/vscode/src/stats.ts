@@ -20,6 +20,7 @@ export function speedFromStats(stats: unknown): Speed {
     tokensPerStep: finite(stats[STAT_KEYS.tokensPerStep]),
     msPerToken: finite(stats[STAT_KEYS.msPerToken]),
     latencyMs: finite(stats[STAT_KEYS.latencyMs]),
+    ...(stats.mode === "remote" && typeof stats.remote === "string" ? { remote: stats.remote } : {}),
   };
 }
 

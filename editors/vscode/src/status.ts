@@ -13,6 +13,8 @@ export interface Speed {
   tokensPerStep?: number;
   msPerToken?: number;
   latencyMs?: number;
+  /** The team server's URL when completions come from one (`rest-lsp --remote`). */
+  remote?: string;
 }
 
 export interface StatusText {
@@ -43,11 +45,12 @@ export function statusText(state: ServerState, speed?: Speed): StatusText {
       if (speed?.tokensPerStep !== undefined) parts.push(`${fmt(speed.tokensPerStep, 1)} tok/step`);
       if (speed?.msPerToken !== undefined) parts.push(`${fmt(speed.msPerToken, 0)} ms/tok`);
       else if (speed?.latencyMs !== undefined) parts.push(`${fmt(speed.latencyMs, 0)} ms`);
-      const tip = ["REST LSP is ready."];
+      if (speed?.remote !== undefined) parts.unshift("remote");
+      const tip = [speed?.remote !== undefined ? `REST LSP is ready: completions from ${speed.remote}.` : "REST LSP is ready."];
       if (speed?.latencyMs !== undefined) tip.push(`Last completion: ${fmt(speed.latencyMs, 0)} ms.`);
       tip.push("Click for stats.");
       return {
-        text: parts.length ? `$(zap) REST ${parts.join(" · ")}` : "$(check) REST ready",
+        text: parts.length ? `$(${speed?.remote !== undefined ? "cloud" : "zap"}) REST ${parts.join(" · ")}` : "$(check) REST ready",
         tooltip: tip.join(" "),
       };
     }

@@ -89,3 +89,8 @@ test("a mean or a time that happens to be whole still reads as a measurement, a 
     "last latency ms: 313.00",
   ]);
 });
+
+test("a remote server's stats carry its URL to the status bar; a local one's do not", () => {
+  assert.equal(speedFromStats({ mode: "remote", remote: "https://team:8000" }).remote, "https://team:8000");
+  assert.equal(speedFromStats({ mode: "float32", remote: "x" }).remote, undefined);
+});

@@ -64,3 +64,10 @@ test("a report for an unknown token changes nothing, and errors are not overwrit
   const off: ServerState = { kind: "off" };
   assert.equal(tracker.apply(off, "y", { kind: "begin", title: "Indexing" }), off);
 });
+
+test("completions from a team server say remote, with the server in the tooltip", () => {
+  const { text, tooltip } = statusText({ kind: "ready" }, { tokensPerStep: 2.1, remote: "https://team:8000" });
+  assert.equal(text, "$(cloud) REST remote · 2.1 tok/step");
+  assert.match(tooltip, /completions from https:\/\/team:8000/);
+  assert.equal(statusText({ kind: "ready" }, { remote: "https://team:8000" }).text, "$(cloud) REST remote");
+});
