@@ -1,17 +1,19 @@
 """The linear layers of a step of the code model (Qwen2.5-Coder-0.5B's shapes), timed for a few input rows on each
-weight format: Q8_0 on our integer kernel (rest_lsp/engine/quant_matmul.py; its AVX2 build too with --avx2), fbgemm's
-fp16 weights (float16-weights), bf16 weights (F.linear, the bfloat16 mode) and our fp32 panel kernel (float32).
+weight format: Q8_0 on our integer kernel (rest_lsp/engine/quant_matmul.py; its AVX2 build too with --avx2), the same
+kernel on 5- and 4-bit panels (q5, q4: a GGUF's Q5_0 and Q4_0 blocks), fbgemm's fp16 weights (float16-weights), bf16
+weights (F.linear, the bfloat16 mode) and our fp32 panel kernel (float32).
 
     .venv/bin/python benchmarks/bench_quant.py [--threads 2] [--rows 1,2,4,8,12,16] [--layers 24] [--rounds 7]
-                                               [--kinds q8,fp16,bf16,panel] [--avx2]
+                                               [--kinds q8,q5,q4,fp16,bf16,panel] [--avx2]
 
-    .venv/bin/python benchmarks/bench_quant.py --model GGUF [--modes q8,fp16,panel,bf16] [--prompts 4]
+    .venv/bin/python benchmarks/bench_quant.py --model GGUF [--modes gguf,q8,fp16,panel,bf16] [--prompts 4]
 
 Without --model: a pass over `--layers` layers of distinct weights (fused q/k/v, o, fused gate/up, down), then the LM head, as a step
 makes them: every weight comes from memory once. The kinds take turns within each round (the machine is shared and
 its speed drifts), and each cell is the median of the rounds. Also the bytes a pass streams per kind.
 
-With --model: the whole step of that model in each mode: the step-cost curve on a 512-token cache (the decoder's
+With --model: the whole step of that model in each mode (gguf: the file's own Q8_0/Q5_0/Q4_0 blocks), the MB of
+weights a step streams in each, the step-cost curve on a 512-token cache (the decoder's
 own step timer: the forward pass and the head over the rows it batches; sizes interleaved, medians), then plain
 and REST (prompt lookup plus the other prompts' files as a workspace) ms/token on `--prompts` function starts of
 this repository's own code (500-token prompts, 48 new tokens), REST's output compared with plain decoding's in the
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from rest_lsp.engine import quant_matmul
-from rest_lsp.engine.lean_llama import Matmul, fp16_packs, panel_packs
+from rest_lsp.engine.lean_llama import GgufMatmul, Matmul, QuantMatmul, fp16_packs, panel_packs
 
 # Qwen2.5-Coder-0.5B: hidden 896, 14 query heads and 2 key/value heads of 64, intermediate 4864, vocabulary 151936
 SHAPES = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864)}
@@ -49,6 +51,11 @@ def timed_ms(fn) -> float:
 def layer(weight: torch.Tensor, kind: str):
     if kind == "q8":
         return Matmul.of(weight, None, "q8")
+    if kind in ("q5", "q4"):  # the kernel's speed on narrower blocks (the values: Q8_0's, clamped to fit)
+        bits = int(kind[1])
+        q, d = quant_matmul.quantize_q8_0(weight)
+        off = quant_matmul.OFFSETS[bits]
+        return QuantMatmul(quant_matmul.pack_blocks(q.clamp(-off, off - 1), d, bits), weight.shape[0], None, bits)
     if kind == "q8-avx2":
         panels, lib, n = quant_matmul.pack(weight), quant_matmul.library("-march=haswell"), weight.shape[0]
         return lambda x: quant_matmul.quant_mm(x, panels, n, None, lib=lib)
@@ -59,8 +66,35 @@ def layer(weight: torch.Tensor, kind: str):
 
 
 def stored_bytes(kind: str, out: int, inp: int) -> int:
-    return {"q8": quant_matmul.panel_bytes(inp) * -(-out // 16), "q8-avx2": quant_matmul.panel_bytes(inp) * -(-out // 16),
-            "fp16": out * inp * 2, "bf16": out * inp * 2, "panel": -(-out // 16) * 16 * inp * 4}[kind]
+    panels = -(-out // 16)
+    return {"q8": quant_matmul.panel_bytes(inp) * panels, "q8-avx2": quant_matmul.panel_bytes(inp) * panels,
+            "q5": quant_matmul.panel_bytes(inp, 5) * panels, "q4": quant_matmul.panel_bytes(inp, 4) * panels,
+            "fp16": out * inp * 2, "bf16": out * inp * 2, "panel": panels * 16 * inp * 4}[kind]
+
+
+def step_bytes(decoder) -> tuple[int, int]:
+    """(bytes of linear weights a step of this decoder streams in its layers, in its LM head): the packed panels of
+    q8 and gguf; 2 or 4 bytes a weight for the others."""
+    lean = decoder.lean
+
+    def size(mm) -> int:
+        if isinstance(mm, GgufMatmul):
+            return sum(size(p) for p in mm.parts)
+        if isinstance(mm, QuantMatmul):
+            return mm.panels.numel()
+        return -1  # the model's own weights, or packed where their size is not ours to read
+
+    per = decoder.dtype.itemsize if lean.packing not in ("fp16",) else 2
+    layers = heads = 0
+    for layer, module in zip(lean.layers, decoder.model.model.layers):
+        at, mlp = module.self_attn, module.mlp
+        for mm, linears in ((layer.qkv, (at.q_proj, at.k_proj, at.v_proj)), (layer.o, (at.o_proj,)),
+                            (layer.gate_up, (mlp.gate_proj, mlp.up_proj)), (layer.down, (mlp.down_proj,))):
+            b = size(mm)
+            layers += b if b >= 0 else sum(m.weight.numel() for m in linears) * per
+    b = size(lean.head)
+    heads = b if b >= 0 else decoder.model.get_output_embeddings().weight.numel() * per
+    return layers, heads
 
 
 def function_starts(count: int) -> list[tuple[Path, int]]:
@@ -78,7 +112,6 @@ def function_starts(count: int) -> list[tuple[Path, int]]:
 
 def model_steps(args) -> None:
     from rest_lsp.drafting.drafts import ContextLookup, DraftMix, NgramDrafts, NoDrafts
-    from rest_lsp.engine.calibration import measure_step_times, medians
     from rest_lsp.engine.decoding import DecodeConfig, Decoder
     from rest_lsp.engine.model import load_model
 
@@ -96,6 +129,10 @@ def model_steps(args) -> None:
             decoders[m] = Decoder(fp32, pack=m)
     print(f"model {args.model}; {args.threads} threads; Q8_0 kernel: {quant_matmul.path_name()}; "
           + ", ".join(f"{m}: {d.engine}" for m, d in decoders.items()), flush=True)
+    for m, d in decoders.items():
+        layers, head = step_bytes(d)
+        print(f"  {m}: a step streams {layers / 2**20:.0f} MB of layer weights + {head / 2**20:.0f} MB of LM head "
+              f"(head rows batched: {d.run.head_batch})", flush=True)
     sizes = [int(r) for r in args.rows.split(",")]
     timers = {m: d.step_timer(512) for m, d in decoders.items()}
     from rest_lsp.engine.calibration import _test_tree
@@ -153,10 +190,10 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,4,8,12,16")
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--kinds", default="q8,fp16,bf16,panel")
+    parser.add_argument("--kinds", default="q8,q5,q4,fp16,bf16,panel")
     parser.add_argument("--avx2", action="store_true", help="also the Q8_0 kernel's AVX2 build (-march=haswell)")
     parser.add_argument("--model", help="a model (.gguf): time its whole step per mode instead")
-    parser.add_argument("--modes", default="q8,fp16,panel,bf16", help="with --model: packings, and bf16")
+    parser.add_argument("--modes", default="gguf,q8,fp16,panel,bf16", help="with --model: packings, and bf16")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=48)
     args = parser.parse_args()
@@ -169,7 +206,7 @@ def main() -> None:
     kinds = [k for k in args.kinds.split(",") if k]
     if args.avx2:
         kinds.append("q8-avx2")
-    runs = {"q8": quantum_ok, "q8-avx2": lambda: quant_matmul.library("-march=haswell") is not None,
+    runs = {"q8": quantum_ok, "q5": quantum_ok, "q4": quantum_ok, "q8-avx2": lambda: quant_matmul.library("-march=haswell") is not None,
             "fp16": lambda: fp16_packs(torch.float32, cpu), "panel": lambda: panel_packs(torch.float32, cpu),
             "bf16": lambda: True}
     kinds = [k for k in kinds if runs[k]()]

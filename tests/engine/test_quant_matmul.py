@@ -1,7 +1,8 @@
 """Our Q8_0 integer kernel (rest_lsp/engine/quant_matmul.py): the product llama.cpp's Q8_0 x Q8_0 arithmetic defines,
 a row's result the same bit for bit whatever the rows beside it (one thread or two), the AVX-VNNI, AVX2 and
-portable builds equal to the machine's own bit for bit, a GGUF's Q8_0 blocks kept exactly, the op under
-TorchScript, and a library that computes wrong results refused."""
+portable builds equal to the machine's own bit for bit, 5- and 4-bit panels (Q5_0, Q4_0 blocks) equal to the 8-bit
+ones on the same values, a GGUF's Q8_0 blocks kept exactly, the op under TorchScript, and a library that computes
+wrong results refused."""
 
 import logging
 import warnings
@@ -118,6 +119,98 @@ def test_the_weight_of_minus_128_is_multiplied_right_on_every_path():
         lib = mine if march is None else quant_matmul.library(march)
         if lib is not None:
             assert torch.equal(quant_matmul.quant_mm(x, panels, 16, None, lib=lib), want), march
+
+
+MARCHES = (None, "-march=alderlake", "-march=haswell", "-march=x86-64")  # the machine's own path, then the fallbacks
+
+
+def narrow_blocks(n, k, bits, seed):
+    """Random blocks of `bits`-bit quants (every value in range, the extremes included) and fp16 scales."""
+    gen = torch.Generator().manual_seed(seed)
+    off = quant_matmul.OFFSETS[bits]
+    nb = -(-k // 32)
+    q = torch.randint(-off, off, (n, nb, 32), generator=gen, dtype=torch.int8)
+    q[0, 0] = -off  # a block of the lowest quant: every stored bit 0
+    if n > 1:
+        q[1, -1] = off - 1  # and of the highest: every bit 1
+    d = (torch.rand(n, nb, generator=gen) * 0.05 + 1e-4).half()
+    d[-1, 0] = 0  # a zero scale
+    return q, d
+
+
+@pytest.mark.parametrize("bits", [5, 4])
+@pytest.mark.parametrize("march", MARCHES, ids=["native", "avx-vnni", "avx2", "portable"])
+def test_narrow_panels_give_the_8_bit_panels_bits_on_every_path(bits, march):
+    """A Q5_0 or Q4_0 weight on its 5- or 4-bit panels computes, bit for bit, what the 8-bit kernel computes on the
+    same values as int8 blocks, on every instruction set built here; and a row's result is the same alone or among
+    up to 16 rows (odd N, K = 896 = 28 blocks, K not a multiple of 32, bias or none)."""
+    mine = native()
+    lib = mine if march is None else quant_matmul.library(march)
+    if lib is None:
+        pytest.skip(f"this compiler does not build {march}")
+    for n, k in ((16, 32), (50, 70), (33, 896), (7, 100)):
+        q, d = narrow_blocks(n, k, bits, n * k)
+        narrow, wide = quant_matmul.pack_blocks(q, d, bits), quant_matmul.pack_blocks(q, d, 8)
+        assert narrow.shape == (-(-n // 16), quant_matmul.panel_bytes(k, bits))
+        assert narrow.shape[1] < wide.shape[1]
+        x = torch.randn(16, k, generator=torch.Generator().manual_seed(k))
+        for bias in (None, torch.randn(n, generator=torch.Generator().manual_seed(n))):
+            want = quant_matmul.quant_mm(x, wide, n, bias, lib=mine)
+            torch.testing.assert_close(want, quant_matmul.reference_blocks(x, q, d, bias), rtol=1e-5,
+                                       atol=2e-5 * k**0.5)
+            assert torch.equal(quant_matmul.quant_mm(x, narrow, n, bias, lib=lib, bits=bits), want), (n, k)
+            for m in range(1, 17):  # 1..16 rows: every tile size, the rows alone and together
+                got = quant_matmul.quant_mm(x[:m], narrow, n, bias, lib=lib, bits=bits)
+                assert torch.equal(got, want[:m]), (n, k, m)
+            for i in (0, 5, 15):
+                assert torch.equal(quant_matmul.quant_mm(x[i : i + 1], narrow, n, bias, lib=lib, bits=bits),
+                                   want[i : i + 1])
+
+
+def test_narrow_panels_hold_the_blocks_where_the_kernel_reads_them():
+    """4 bits: group 2j's q + 8 in the low nibbles of vector j, group 2j + 1's in the high ones. 5 bits: the nibbles
+    of q + 16 so, then group g's fifth bits as a little-endian uint64 after the block's 256 bytes of nibbles."""
+    q = torch.arange(17 * 2 * 32).reshape(17, 2, 32).remainder(32).sub(16).to(torch.int8)
+    d = torch.arange(34, dtype=torch.float16).reshape(17, 2)
+    five = quant_matmul.pack_blocks(q, d, 5)
+    assert five.shape == (2, quant_matmul.panel_bytes(64, 5)) and quant_matmul.panel_bytes(64, 5) == 2 * 320 + 64
+    # block 1, group 3 (k = 32 + 12..15), column 5, k = 32 + 14: nibble vector 1 (high nibbles), byte 5 * 4 + 2
+    u = int(q[5, 1, 14]) + 16
+    assert five[0, 320 + 64 + 20 + 2].item() >> 4 == u & 15
+    mask = int.from_bytes(bytes(five[0, 320 + 256 + 3 * 8 : 320 + 256 + 4 * 8].tolist()), "little")
+    assert (mask >> 22) & 1 == u >> 4
+    assert torch.equal(five[0, 640 : 640 + 64].view(torch.float16).view(2, 16), d[:16].T)
+    q4 = q.clamp(-8, 7)
+    four = quant_matmul.pack_blocks(q4, d, 4)
+    assert four.shape == (2, 2 * 256 + 64)
+    # block 0, group 2 (k = 8..11), column 7, k = 9: vector 1, low nibbles, byte 7 * 4 + 1
+    assert four[0, 64 + 29].item() & 15 == int(q4[7, 0, 9]) + 8
+    assert four[1, 0].item() == (int(q4[16, 0, 0]) + 8) | ((int(q4[16, 0, 4]) + 8) << 4)
+
+
+def test_narrow_panels_refuse_quants_they_cannot_hold_and_inputs_of_another_width():
+    native()
+    q, d = narrow_blocks(16, 64, 5, 0)
+    with pytest.raises(ValueError, match=r"\[-8, 7\]"):
+        quant_matmul.pack_blocks(q, d, 4)
+    with pytest.raises(ValueError, match="no 6-bit panels"):
+        quant_matmul.pack_blocks(q, d, 6)
+    panels = quant_matmul.pack_blocks(q, d, 5)
+    for bits in (8, 4, 6):
+        with pytest.raises(ValueError, match="does not fit"):
+            quant_matmul.quant_mm(torch.randn(2, 64), panels, 16, bits=bits)
+
+
+def test_the_narrow_panels_run_under_torchscript_as_in_python():
+    native()
+    q, d = narrow_blocks(40, 64, 4, 1)
+    bias = torch.randn(40)
+    layer = QuantMatmul(quant_matmul.pack_blocks(q, d, 4), 40, bias, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted = torch.jit.script(layer)
+    x = torch.randn(3, 64)
+    assert torch.equal(scripted(x), quant_matmul.quant_mm(x, quant_matmul.pack_blocks(q, d, 8), 40, bias))
 
 
 def test_a_ggufs_q8_0_blocks_are_kept_exactly():
