@@ -165,6 +165,12 @@ def test_narrow_panels_give_the_8_bit_panels_bits_on_every_path(bits, march):
             for i in (0, 5, 15):
                 assert torch.equal(quant_matmul.quant_mm(x[i : i + 1], narrow, n, bias, lib=lib, bits=bits),
                                    want[i : i + 1])
+            old = torch.get_num_threads()
+            torch.set_num_threads(2)  # the panels split between two threads: each column still one chain
+            try:
+                assert torch.equal(quant_matmul.quant_mm(x, narrow, n, bias, lib=lib, bits=bits), want)
+            finally:
+                torch.set_num_threads(old)
 
 
 def test_narrow_panels_hold_the_blocks_where_the_kernel_reads_them():
