@@ -35,7 +35,7 @@ export const DEFAULT_SETTINGS: RestLspSettings = {
   showInSuggestList: false,
 };
 
-const DTYPES = ["", "float32", "float16", "bfloat16", "float16-weights"];
+const DTYPES = ["", "float32", "float16", "bfloat16", "float16-weights", "q8_0", "gguf"];
 
 export interface ReadResult {
   settings: RestLspSettings;
@@ -81,7 +81,7 @@ export function readSettings(get: (key: string) => unknown): ReadResult {
 
   let dtype = str("dtype", d.dtype);
   if (!DTYPES.includes(dtype)) {
-    problems.push(`restLsp.dtype must be one of float32, float16, bfloat16, float16-weights or empty; "${dtype}" is none of them, so the server chooses.`);
+    problems.push(`restLsp.dtype must be one of float32, float16, bfloat16, float16-weights, q8_0, gguf or empty; "${dtype}" is none of them, so the server chooses.`);
     dtype = d.dtype;
   }
   let serverCommand = str("server.command", d.serverCommand);

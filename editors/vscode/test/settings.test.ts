@@ -131,3 +131,11 @@ test("settings changes are classified by what they need", () => {
   assert.equal(classifyChange(base, withSettings({ model: "other" })), "notify");
   assert.equal(classifyChange(base, withSettings({ budget: 4 })), "notify");
 });
+
+test("the quantized modes are accepted as the server names them", () => {
+  for (const dtype of ["q8_0", "gguf"]) {
+    const { settings, problems } = readSettings((key) => (key === "dtype" ? dtype : undefined));
+    assert.equal(settings.dtype, dtype);
+    assert.deepEqual(problems, []);
+  }
+});

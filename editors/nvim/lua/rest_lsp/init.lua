@@ -27,7 +27,7 @@ local defaults = {
   settings = {
     model = nil, -- Hugging Face id, local folder or .gguf file (default: the bundled SmolLM2-135M)
     device = nil, -- "cpu", "cuda", "cuda:1", "mps"
-    dtype = nil, -- "float32" (exact), "float16", "bfloat16", "float16-weights"
+    dtype = nil, -- "float32" (exact), "float16", "bfloat16", "float16-weights", "q8_0", "gguf"
     max_new_tokens = nil, -- server default 64
     max_lines = nil, -- most lines per suggestion at a line start or block opener; 0 = no limit (server default 1)
     draft_budget = nil, -- draft tokens checked per step; 0 = plain decoding (server default 16)
