@@ -10,7 +10,7 @@ import ssl
 import threading
 from urllib.parse import urlsplit
 
-from rest_lsp.team.protocol import WORKSPACE_HEADER
+from rest_lsp.team.protocol import CLOSING, WORKSPACE_HEADER
 
 
 class Unreachable(Exception):
@@ -66,14 +66,18 @@ class Http:
             conn.close()
             self._local.conn = None
 
-    def call(self, method: str, path: str, body: object = None, timeout: float | None = None):
+    def call(self, method: str, path: str, body: object = None, timeout: float | None = None,
+             closing: bool = False):
         """The decoded JSON answer; Unreachable or Refused otherwise. A kept-alive connection the server closed
-        meanwhile is opened again once."""
+        meanwhile is opened again once. `closing`: the workspace's last request (protocol.CLOSING)."""
         data = None if body is None else json.dumps(body).encode()
+        headers = self._headers
+        if closing:
+            headers = {**headers, WORKSPACE_HEADER: headers[WORKSPACE_HEADER] + CLOSING}
         for attempt in (0, 1):
             conn = self._connection(timeout or self.timeout_s)
             try:
-                conn.request(method, self._base + path, body=data, headers=self._headers)
+                conn.request(method, self._base + path, body=data, headers=headers)
                 reply = conn.getresponse()
                 raw = reply.read()
                 break

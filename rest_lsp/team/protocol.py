@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 API = "/v1"
 WORKSPACE_HEADER = "x-session-id"  # Serve's session header: the request router keeps a workspace on one replica
+# The session header's suffix on a workspace's last request (its DELETE): routed as the workspace's, after which the
+# router forgets it, so closed workspaces never count against their replica when new ones are placed
+CLOSING = "#closing"
 MAX_ID_CHARS = 4096
 
 # Editor settings a client may set for its workspace on the replica: every one that shapes a suggestion. The

@@ -138,7 +138,7 @@ class RemoteService(HostThreads):
     def close(self, timeout: float = 10.0) -> None:
         if self.status == "connected":  # the replica may free the workspace now rather than at its LRU's turn
             try:
-                self._http.call("DELETE", f"{API}/workspaces/{self.workspace}", timeout=2)
+                self._http.call("DELETE", f"{API}/workspaces/{self.workspace}", timeout=2, closing=True)
             except (Unreachable, Refused) as err:
                 log.info("closing the workspace on the server failed: %s", err)
         self._closed.set()

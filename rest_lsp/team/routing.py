@@ -5,7 +5,9 @@ replicas often puts two on one while the other idles (it did in bench_serve). Th
 and its session header, and places a workspace it has not seen on the live replica holding the fewest (ties by a
 rendezvous hash), where it stays while that replica lives: a dead replica's workspaces alone move, and a new
 replica takes new workspaces. The table is this router's: the server runs one HTTP proxy (HeadOnly), so one table.
-It forgets a workspace not seen for IDLE_S, the least recently seen beyond MOST_PLACED, and those of a replica
+It forgets a workspace once its editor closes it (the last request's session header ends in protocol.CLOSING:
+routed as the workspace's, then forgotten, so closed workspaces never count when new ones are placed), one not seen
+for IDLE_S, the least recently seen beyond MOST_PLACED, and those of a replica
 gone (every editor start is a new workspace id): one that comes back is placed again, and sends its snapshot to
 its new replica if that is another.
 Replica side only (imports ray); the custom-router API is alpha, hence Ray's pinned version.
@@ -18,6 +20,8 @@ from collections import Counter, OrderedDict
 from typing import Callable, Iterable
 
 from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter, _hash_bytes
+
+from rest_lsp.team.protocol import CLOSING
 
 IDLE_S = 12 * 3600  # a workspace unseen this long (an editor closed, a night) is forgotten
 MOST_PLACED = 10_000  # workspaces remembered at most; the least recently seen go first
@@ -39,15 +43,22 @@ class Placements:
         live = list(live)
         now = self._clock()
         self._forget_idle(now)
+        if key.endswith(CLOSING):  # the workspace's last request: to its replica, then forgotten
+            base = key[: -len(CLOSING)]
+            found = self._placed.pop(base, None)
+            return found[0] if found is not None and found[0] in live else self._emptiest(base, live)
         found = self._placed.pop(key, None)
         placed = found[0] if found is not None else None
         if placed not in live:
-            held = Counter(p for p, _ in self._placed.values())
-            placed = min(live, key=lambda rid: (held[rid], _hash_bytes(f"{key}:{_unique(rid)}".encode())))
+            placed = self._emptiest(key, live)
         self._placed[key] = (placed, now)  # the most recently seen last
         while len(self._placed) > self.most:
             self._placed.popitem(last=False)
         return placed
+
+    def _emptiest(self, key: str, live: list) -> object:
+        held = Counter(p for p, _ in self._placed.values())
+        return min(live, key=lambda rid: (held[rid], _hash_bytes(f"{key}:{_unique(rid)}".encode())))
 
     def keep_only(self, replicas: Iterable) -> None:
         """Forget the workspaces of replicas no longer among `replicas` (they died or were scaled away)."""

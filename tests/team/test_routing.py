@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from types import SimpleNamespace
 
+from rest_lsp.team.protocol import CLOSING
 from rest_lsp.team.routing import Placements, WorkspaceRouter
 
 
@@ -26,6 +27,20 @@ def test_a_workspace_stays_and_new_ones_go_to_the_emptiest():
     gone = first["a"]
     left = "r1" if gone == "r0" else "r0"
     assert table.place("a", [left]) == left  # its replica died: it alone moves
+
+
+def test_a_closed_workspace_counts_no_more_when_new_ones_are_placed():
+    """bench_serve's runs one after the other: editors that closed their workspaces still weighed on their
+    replica, and the next run's four workspaces went three to one."""
+    table = Placements()
+    first = {ws: table.place(ws, ["r0", "r1"]) for ws in ("a", "b", "c")}
+    heavy = Counter(first.values()).most_common(1)[0][0]
+    closing = [ws for ws, rid in first.items() if rid == heavy]
+    assert all(table.place(ws + CLOSING, ["r0", "r1"]) == heavy for ws in closing)  # the DELETE goes to its replica
+    assert len(table) == 1 and all(ws not in table._placed for ws in closing)
+    again = Counter(table.place(ws, ["r0", "r1"]) for ws in ("d", "e", "f"))
+    assert sorted(again.values()) == [1, 2]  # four live workspaces, two on each
+    assert table.place("zz" + CLOSING, ["r0", "r1"]) in ("r0", "r1") and "zz" not in table._placed  # unknown: anywhere
 
 
 def test_workspaces_unseen_for_the_idle_time_are_forgotten():
