@@ -310,7 +310,7 @@ class _Layer(torch.nn.Module):
     post_doubled: Optional[torch.Tensor]
 
     def __init__(self, norm_in: Norm, qkv: Matmul, o: Matmul, norm_post: Norm, gate_up: Matmul, down: Matmul,
-                 source: int, shape: tuple[int, int, int], eps: float, score_scale: float):
+                 source: int, shape: tuple[int, int, int], eps: float, score_scale: float, row_exact: bool = False):
         super().__init__()
         self.in_weight, self.in_doubled = norm_in.weight, norm_in.doubled
         self.qkv = qkv  # [(Hq + 2 Hkv) D, H], the query rows scaled by 1/sqrt(D) when that is exact
@@ -322,6 +322,8 @@ class _Layer(torch.nn.Module):
         self.heads, self.kv_heads, self.head_dim = shape
         self.eps = eps
         self.score_scale = score_scale  # 1.0 where the query weights took the attention scale
+        # attention on row_attention's kernel: each row over exactly its own keys, the same bits in any step
+        self.row_exact = row_exact
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, rows: Optional[torch.Tensor], past: int, keys: int,
@@ -343,6 +345,23 @@ class _Layer(torch.nn.Module):
         else:
             k_cache.index_copy_(1, rows, k)
             v_cache.index_copy_(1, rows, heads[Hq + Hkv :])
+        if self.row_exact:  # the quantized modes: a row's attention the same bits alone or in a tree (REST = plain)
+            out = torch.ops.rest_lsp.row_attn(q, k_cache, v_cache, keys, mask, mask_from, self.score_scale)
+        else:
+            out = self._attention(q, k_cache, v_cache, keys, mask, mask_from)
+        x += self.o(out)  # x is the pass's own tensor (the embedding lookup copied it)
+        h = rms_norm(x, self.post_weight, self.post_doubled, self.eps)
+        gate_up = self.gate_up(h)  # [n, 2 I]
+        inner = gate_up.shape[1] // 2
+        x += self.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
+        return x
+
+    def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, keys: int,
+                   mask: Optional[torch.Tensor], mask_from: int) -> torch.Tensor:
+        """Attention on torch's ops: q [Hq, n, D] over cache rows [:keys] -> [n, Hq D]."""
+        Hq, n, D = q.shape[0], q.shape[1], q.shape[2]
+        Hkv = self.kv_heads
+        group = Hq // Hkv
         K, V = k_cache[:, :keys], v_cache[:, :keys]  # [Hkv, S, D]
         # query heads grouped under their key head: no copy of the cache per query head
         q = q.reshape(Hkv, group * n, D)
@@ -357,12 +376,7 @@ class _Layer(torch.nn.Module):
             probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype)
         out = torch.bmm(probs, V)  # [Hkv, group n, D]
         out = out.view(Hq, n, D).transpose(0, 1).reshape(n, Hq * D)  # [n, Hq D]
-        x += self.o(out)  # x is the pass's own tensor (the embedding lookup copied it)
-        h = rms_norm(x, self.post_weight, self.post_doubled, self.eps)
-        gate_up = self.gate_up(h)  # [n, 2 I]
-        inner = gate_up.shape[1] // 2
-        x += self.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
-        return x
+        return out
 
 
 class LayerStack(torch.nn.Module):
@@ -532,6 +546,8 @@ class LeanLlama:
         """One matmul for q, k and v, one for gate and up. The modules' own weights become views into the fused
         tensors, so the model holds its weights once and the transformers path keeps working on them. With a
         `scale`, the matmul's query rows are a scaled copy: attention then needs no scaling op per layer."""
+        from rest_lsp.engine import row_attention
+
         at, mlp = layer.self_attn, layer.mlp
         q_rows = shape[0] * shape[2]
         fused = getattr(layer, "_lean_fused", None)
@@ -563,6 +579,7 @@ class LeanLlama:
             shape=shape,
             eps=eps,
             score_scale=score_scale,
+            row_exact=pack in ("q8", "gguf") and row_attention.available(),
         )
 
     def _rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:

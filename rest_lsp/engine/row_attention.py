@@ -1,0 +1,448 @@
+"""Attention whose result for a row is the same bits whatever rows share the step: what makes REST = plain decoding
+exact in the quantized modes (q8_0, gguf).
+
+torch's attention for a tree step reduces each row over the whole key list (the masked columns included), in a
+layout that depends on the number of rows, so a row's softmax sums and `probs @ V` round differently from the
+same row alone; the next matmul's per-block int8 quantization turns that into different tokens. Here each row
+(and query head; under grouped-query attention head h reads key head h // group) attends over exactly its own
+key list: the cache rows 0..P-1 every row shares (the committed past), then its own tail (the visible columns of
+the mask: a tree row's ancestors in depth order, then itself). Per (row, head):
+
+  - score j: a chain over d in order, s = s + q[d] * k_j[d] (each multiply and add rounded), times the scale;
+  - m: the exact maximum; p_j = exp(s_j - m) by one polynomial (no libm), elementwise;
+  - the sum of p_j in lanes by j mod 16, then a fixed pairwise sum of the lanes;
+  - out[d]: a chain over j in list order, a = a + p_j * v_j[d], then divided by the sum.
+
+Every operation depends only on the list index j and the values: not on the rows in the call, on where the
+shared part ends, or on the other rows. A plain step (one row, the ancestors committed) therefore gives bit for
+bit what the row gives in a tree. The shared part is read once for all rows of a block (keys outer, rows inner),
+and blocks of rows by key head run on torch's OpenMP threads; neither changes a row's chain.
+
+One C source with GCC's vector types of 16 floats and no fused multiply-add: whatever the compiler targets
+(`-march`: AVX-512, AVX2, plain x86-64), each lane's operations are the same IEEE ones, so the paths agree bit for
+bit (tests/engine/test_row_attention.py). Built through panel_matmul's one hardened path (`build_and_load`),
+checked against a float64 reference before use; `available()` is False where it cannot be built.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from pathlib import Path
+
+import torch
+
+from rest_lsp.engine import panel_matmul  # its compiler, cache folder and build-and-load path; the op namespace
+from rest_lsp.engine.panel_matmul import UntrustedCache, _compiler, build_and_load, kernel_folder
+
+log = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef long long idx;
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+#define LN 16   /* lanes */
+#define RB 8    /* rows a task */
+#define DMAX 1024 /* the largest head size it takes */
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE v16 ld(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+INLINE void st(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+INLINE v16 ldn(const float *p, idx c) { v16 v = {0}; memcpy(&v, p, (size_t)c * sizeof(float)); return v; }
+INLINE void stn(float *p, v16 v, idx c) { memcpy(p, &v, (size_t)c * sizeof(float)); }
+INLINE v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+/* exp(x) for x <= 0 (x below the clamp gives a tiny normal number): Cody-Waite reduction and a degree-five
+   polynomial, each multiply and add its own rounding, the same on every path */
+INLINE v16 vexp(v16 x) {
+    const v16 lo = splat(-87.0f);
+    v16i below = x < lo;
+    x = (v16)((below & (v16i)lo) | (~below & (v16i)x));
+    const float magic = 12582912.0f;
+    v16 kf = (x * 1.44269504088896341f + magic) - magic;
+    v16 r = x - kf * 0.693359375f;
+    r = r - kf * -2.12194440e-4f;
+    v16 p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    v16 y = p * (r * r) + r + 1.0f;
+    v16i k = __builtin_convertvector(kf, v16i);
+    v16 two = (v16)((k + 127) << 23);
+    return y * two;
+}
+
+INLINE float lanesum(v16 a) {
+    float t[LN];
+    st(t, a);
+    for (int w = LN / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) t[i] = t[i] + t[i + w];
+    return t[0];
+}
+
+/* kt [d][16] = the rows rp[0..16) transposed (lanes past c: scores never read); pure data movement, so no path
+   changes a bit */
+static const v16i LO = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+static const v16i HI = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+static void transpose(const float *const *rp, idx c, idx d, float *kt) {
+    idx e0 = 0;
+    if (d % LN == 0) {  /* the rows past c repeat row 0: their lanes' scores are never read */
+        for (; e0 + LN <= d; e0 += LN) {  /* a 16 x 16 tile in four rounds of interleaving */
+            v16 a[LN], b[LN];
+            for (int i = 0; i < LN; i++) a[i] = ld(rp[i] + e0);
+            for (int round = 0; round < 4; round++) {
+                for (int i = 0; i < LN / 2; i++) {
+                    b[2 * i] = __builtin_shuffle(a[i], a[i + LN / 2], LO);
+                    b[2 * i + 1] = __builtin_shuffle(a[i], a[i + LN / 2], HI);
+                }
+                for (int i = 0; i < LN; i++) a[i] = b[i];
+            }
+            for (int i = 0; i < LN; i++) st(kt + (e0 + i) * LN, a[i]);
+        }
+    }
+    for (idx jj = 0; jj < LN; jj++)
+        for (idx e = e0; e < d; e++) kt[e * LN + jj] = jj < c ? rp[jj][e] : 0.0f;
+    (void)c;
+}
+
+/* the scores of one transposed block of 16 keys for U queries qs[u], into dst[u][0..16): per key a chain over d,
+   s = s + q[d] * k[d], then times the scale. Eight queries at a time (the missing ones a repeat whose result goes
+   to a scratch row): independent chains, so the adds do not wait on each other. */
+static void scores(const float *const *qs, float *const *dst, idx U, const float *kt, idx d, float scale) {
+    float spare[LN];
+    for (idx u = 0; u < U; u += 8) {
+        const float *qq[8];
+        float *dd[8];
+        for (int x = 0; x < 8; x++) {
+            qq[x] = u + x < U ? qs[u + x] : qs[u];
+            dd[x] = u + x < U ? dst[u + x] : spare;
+        }
+        v16 a[8] = {{0}};
+        for (idx e = 0; e < d; e++) {
+            v16 kk = ld(kt + e * LN);
+            for (int x = 0; x < 8; x++) a[x] = a[x] + splat(qq[x][e]) * kk;
+        }
+        for (int x = 0; x < 8; x++) st(dd[x], a[x] * scale);
+    }
+}
+
+/* acc[u][c] = acc[u][c] + p[u][j] * v_j[c] for j in 0..J (value rows vr[j]), u in 0..U, the chunks c of d: per
+   (u, lane) a chain over j in order. Four queries by two chunks at a time (independent chains), the missing
+   queries a zero weight row into a scratch accumulator. */
+static void values(const float *const *ps, v16 *const *acc, idx U, const float *const *vr, idx J, idx d,
+                   const float *zeros) {
+    idx dc = (d + LN - 1) / LN;
+    v16 spare[DMAX / LN];
+    for (idx u = 0; u < U; u += 4) {
+        const float *pp[4];
+        v16 *aa[4];
+        for (int x = 0; x < 4; x++) {
+            pp[x] = u + x < U ? ps[u + x] : zeros;
+            aa[x] = u + x < U ? acc[u + x] : spare;
+        }
+        for (idx c = 0; c < dc; c += 2) {
+            idx c1 = c + 1 < dc ? c + 1 : c, n0 = d - c * LN, n1 = d - c1 * LN;
+            n0 = n0 < LN ? n0 : LN;
+            n1 = n1 < LN ? n1 : LN;
+            v16 a[8];
+            for (int x = 0; x < 4; x++) {
+                a[2 * x] = aa[x][c];
+                a[2 * x + 1] = aa[x][c1];
+            }
+            if (n0 == LN && n1 == LN) {
+                for (idx j = 0; j < J; j++) {
+                    v16 v0 = ld(vr[j] + c * LN), v1 = ld(vr[j] + c1 * LN);
+                    for (int x = 0; x < 4; x++) {
+                        v16 w = splat(pp[x][j]);
+                        a[2 * x] = a[2 * x] + w * v0;
+                        a[2 * x + 1] = a[2 * x + 1] + w * v1;
+                    }
+                }
+            } else {
+                for (idx j = 0; j < J; j++) {
+                    v16 v0 = ldn(vr[j] + c * LN, n0), v1 = ldn(vr[j] + c1 * LN, n1);
+                    for (int x = 0; x < 4; x++) {
+                        v16 w = splat(pp[x][j]);
+                        a[2 * x] = a[2 * x] + w * v0;
+                        a[2 * x + 1] = a[2 * x + 1] + w * v1;
+                    }
+                }
+            }
+            for (int x = 0; x < 4; x++) {
+                aa[x][c] = a[2 * x];
+                if (c1 != c) aa[x][c1] = a[2 * x + 1];
+            }
+        }
+    }
+}
+
+static void task(const float *q, idx n, idx hq, idx d, idx G, idx g, idx r0, idx rows,
+                 const float *K, const float *V, idx P, const int32_t *tl, const int32_t *tlen, idx W,
+                 float scale, float *out, float *sc, idx Ls, float *kt, v16 *A, const float **vr, const float *zeros) {
+    idx U = rows * G, dc = (d + LN - 1) / LN;
+    const float *qs[RB * 64], *rp[LN], *ps[RB * 64];
+    float *dst[RB * 64];
+    v16 *acc[RB * 64];
+    for (idx u = 0; u < U; u++) qs[u] = q + ((g * G + u % G) * n + r0 + u / G) * d;
+    /* shared keys: one transposed block for every query of the task */
+    for (idx j0 = 0; j0 < P; j0 += LN) {
+        idx c = P - j0 < LN ? P - j0 : LN;
+        for (idx jj = 0; jj < LN; jj++) rp[jj] = K + (j0 + (jj < c ? jj : 0)) * d;
+        transpose(rp, c, d, kt);
+        for (idx u = 0; u < U; u++) dst[u] = sc + u * Ls + j0;
+        scores(qs, dst, U, kt, d, scale);
+    }
+    /* each row's tail, after the shared part in its list */
+    for (idx r = 0; r < rows; r++) {
+        idx i = r0 + r, T = tlen[i];
+        for (idx t0 = 0; t0 < T; t0 += LN) {
+            idx c = T - t0 < LN ? T - t0 : LN;
+            for (idx jj = 0; jj < LN; jj++) rp[jj] = K + (idx)tl[i * W + t0 + (jj < c ? jj : 0)] * d;
+            transpose(rp, c, d, kt);
+            for (idx x = 0; x < G; x++) dst[x] = sc + (r * G + x) * Ls + P + t0;
+            scores(qs + r * G, dst, G, kt, d, scale);
+        }
+    }
+    /* softmax weights (unnormalised) and their sums */
+    float sums[RB * 64];
+    for (idx u = 0; u < U; u++) {
+        idx i = r0 + u / G, L = P + tlen[i];
+        float *s = sc + u * Ls;
+        v16 mv = splat(s[0]);  /* the maximum: exact in any order */
+        idx j = 0;
+        for (; j + LN <= L; j += LN) {
+            v16 x = ld(s + j);
+            v16i more = x > mv;
+            mv = (v16)((more & (v16i)x) | (~more & (v16i)mv));
+        }
+        float m = s[0], t[LN];
+        st(t, mv);
+        for (int x = 0; x < LN; x++) if (t[x] > m) m = t[x];
+        for (; j < L; j++) if (s[j] > m) m = s[j];
+        idx Lr = (L + LN - 1) / LN * LN;
+        for (idx j = L; j < Lr; j++) s[j] = m;
+        v16 a = {0};
+        for (idx j0 = 0; j0 < Lr; j0 += LN) st(s + j0, vexp(ld(s + j0) - m));
+        for (idx j = L; j < Lr; j++) s[j] = 0.0f;
+        for (idx j0 = 0; j0 < Lr; j0 += LN) a = a + ld(s + j0);
+        sums[u] = lanesum(a);
+    }
+    /* values: the shared rows for every query of the task, then each row's tail */
+    for (idx x = 0; x < U * dc; x++) A[x] = (v16){0};
+    for (idx u = 0; u < U; u++) { ps[u] = sc + u * Ls; acc[u] = A + u * dc; }
+    for (idx j = 0; j < P; j++) vr[j] = V + j * d;
+    values(ps, acc, U, vr, P, d, zeros);
+    for (idx r = 0; r < rows; r++) {
+        idx i = r0 + r, T = tlen[i];
+        for (idx t = 0; t < T; t++) vr[t] = V + (idx)tl[i * W + t] * d;
+        for (idx x = 0; x < G; x++) ps[x] = sc + (r * G + x) * Ls + P;
+        values(ps, acc + r * G, G, vr, T, d, zeros);
+    }
+    for (idx u = 0; u < U; u++) {
+        idx i = r0 + u / G, h = g * G + u % G;
+        for (idx c = 0; c < dc; c++) {
+            idx cnt = d - c * LN < LN ? d - c * LN : LN;
+            stn(out + (i * hq + h) * d + c * LN, A[u * dc + c] / splat(sums[u]), cnt);
+        }
+    }
+}
+
+/* out [n, hq, d] from q [hq, n, d] and the caches k, v [hkv][rows of d] (`hs` floats between heads): row i's keys
+   are cache rows 0..P-1, then P + c for each column c of mask row i [W, row stride ms] that is 0 (mask NULL: no
+   tail). 0; -1 when scratch memory could not be had; -2 for a shape it does not take. */
+int row_attn(const float *q, idx n, idx hq, idx hkv, idx d, const float *k, const float *v, idx hs, idx P,
+             const float *mask, idx W, idx ms, float scale, float *out, int threads) {
+    if (hkv <= 0 || hq % hkv || hq / hkv > 64 || d <= 0 || d > DMAX || n <= 0 || P < 0) return -2;
+    if (!mask) W = 0;
+    int32_t *tl = malloc(sizeof(int32_t) * (size_t)(n * W) + 4), *tlen = malloc(sizeof(int32_t) * (size_t)n + 4);
+    if (!tl || !tlen) { free(tl); free(tlen); return -1; }
+    for (idx i = 0; i < n; i++) {
+        idx T = 0;
+        for (idx c = 0; c < W; c++) if (mask[i * ms + c] == 0.0f) tl[i * W + T++] = (int32_t)(P + c);
+        tlen[i] = (int32_t)T;
+        if (P + T == 0) { free(tl); free(tlen); return -2; }
+    }
+    idx G = hq / hkv, blocks = (n + RB - 1) / RB, tasks = hkv * blocks, dc = (d + LN - 1) / LN;
+    int failed = 0;
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1)
+#endif
+    {
+        float *kt = malloc(sizeof(float) * (size_t)(d * LN) + 4);
+        v16 *A = aligned_alloc(64, sizeof(v16) * (size_t)(RB * G * dc));
+        float *sc = NULL, *zeros = NULL;
+        const float **vr = NULL;
+        idx have = 0;
+        if (!kt || !A) failed = 1;
+#ifdef _OPENMP
+        #pragma omp for schedule(dynamic)
+#endif
+        for (idx x = 0; x < tasks; x++) {
+            if (failed) continue;
+            idx g = x / blocks, r0 = (x % blocks) * RB, rows = n - r0 < RB ? n - r0 : RB, T = 0;
+            for (idx r = 0; r < rows; r++) if (tlen[r0 + r] > T) T = tlen[r0 + r];
+            idx Ls = (P + T + LN - 1) / LN * LN + LN;
+            if (Ls * rows * G > have) {
+                free(sc); free(zeros); free(vr);
+                have = Ls * rows * G;
+                sc = malloc(sizeof(float) * (size_t)have + 4);
+                zeros = calloc((size_t)Ls, sizeof(float));
+                vr = malloc(sizeof(float *) * (size_t)Ls);
+                if (!sc || !zeros || !vr) { failed = 1; have = 0; continue; }
+            }
+            task(q, n, hq, d, G, g, r0, rows, k + g * hs, v + g * hs, P, tl, tlen, W, scale, out, sc, Ls, kt, A,
+                 vr, zeros);
+        }
+        free(sc); free(zeros); free(vr); free(kt); free(A);
+    }
+    free(tl); free(tlen);
+    return failed ? -1 : 0;
+}
+
+int row_attn_threaded(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+"""
+
+# -ffp-contract=off: every multiply and add rounds where the source says (no path fuses them)
+FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
+NATIVE = "-march=native"
+OPENMP = panel_matmul.OPENMP
+MARCHES = {"-march=haswell": "AVX2", "-march=x86-64": "portable"}  # fallback paths the tests build
+
+_lock = threading.Lock()
+_libraries: dict[str, ctypes.CDLL | None] = {}  # march -> the library once tried (None: not built, or it failed)
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    ll, vp = ctypes.c_longlong, ctypes.c_void_p
+    lib.row_attn.argtypes = [vp, ll, ll, ll, ll, vp, vp, ll, ll, vp, ll, ll, ctypes.c_float, vp, ctypes.c_int]
+    lib.row_attn.restype = ctypes.c_int
+    lib.row_attn_threaded.restype = ctypes.c_int
+    return lib
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int, mask: torch.Tensor | None,
+              mask_from: int, scale: float) -> torch.Tensor:
+    """What `row_attn` computes, in float64: q [Hq, n, D], k, v [Hkv, rows, D] -> [n, Hq * D]."""
+    hq, n, d = q.shape
+    group = hq // k.shape[0]
+    out = torch.empty(n, hq, d, dtype=torch.float64)
+    for i in range(n):
+        if mask is None:
+            seen = torch.arange(keys)
+        else:
+            seen = torch.cat([torch.arange(mask_from), mask_from + torch.nonzero(mask[i] == 0)[:, 0]])
+        for h in range(hq):
+            kk, vv = k[h // group, seen].double(), v[h // group, seen].double()
+            p = torch.softmax(kk @ q[h, i].double() * scale, 0)
+            out[i, h] = p @ vv
+    return out.reshape(n, hq * d)
+
+
+def _checked(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """`lib` once a small grouped attention with a tree mask matches the float64 reference (ValueError if not)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*shape, generator=gen) for shape in ((6, 5, 20), (2, 40, 20), (2, 40, 20)))
+    mask = torch.full((5, 5), -1e30)
+    for i, parent in enumerate((-1, 0, 0, 1, 3)):
+        mask[i, i] = 0
+        if parent >= 0:
+            mask[i] = torch.maximum(mask[i], mask[parent])
+    got = row_attn(q, k, v, 35, mask, 30, 0.3, lib=lib)
+    if not torch.allclose(got.double(), reference(q, k, v, 35, mask, 30, 0.3), rtol=1e-4, atol=1e-5):
+        raise ValueError("its results differ from the reference's")
+    if not lib.row_attn_threaded():
+        log.warning("The row-exact attention kernel was built without OpenMP: it runs on one thread.")
+    return lib
+
+
+def library(march: str = NATIVE, folder: Path | None = None) -> ctypes.CDLL | None:
+    """The compiled kernel for `march` (the machine's own by default), built and checked on first use; None where
+    it cannot be (said once)."""
+    if march in _libraries:
+        return _libraries[march]
+    with _lock:
+        if march in _libraries:
+            return _libraries[march]
+        lib = None
+        cc = _compiler()
+        if cc is None:
+            log.info("No C compiler here (CC, cc, gcc): the quantized modes' row-exact attention cannot run.")
+        else:
+            try:
+                lib = _checked(_bind(build_and_load(cc, folder or kernel_folder(), "row_attention", SOURCE,
+                                                    (FLAGS + (march,) + OPENMP, FLAGS + (march,)))))
+            except UntrustedCache as err:
+                log.warning("The kernel cache folder is not this user's alone (%s): no row-exact attention.", err)
+            except Exception as err:  # noqa: BLE001 - whatever went wrong, attention runs on torch's ops
+                log.warning("The row-exact attention kernel could not be built with %s %s (%s).", cc, march, err)
+                lib = None
+        _libraries[march] = lib
+        return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def row_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int, mask: torch.Tensor | None,
+             mask_from: int, scale: float, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """q [Hq, n, D], the caches k, v [Hkv, capacity, D] (fp32) -> attention [n, Hq * D]. Row i's keys: cache rows
+    0..mask_from-1, then mask_from + c for each column c where mask [n, keys - mask_from] is 0 (mask None: rows
+    0..keys-1 for every row)."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the row-exact attention kernel is not available on this machine")
+    q = q.contiguous()
+    hq, n, d = q.shape
+    hkv = k.shape[0]
+    if mask is not None and mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    if (q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32 or k.dim() != 3
+            or k.shape != v.shape or k.stride() != v.stride() or k.shape[2] != d or k.stride(2) != 1
+            or k.stride(1) != d or hkv == 0 or hq % hkv or not (q.is_cpu and k.is_cpu and v.is_cpu)
+            or keys > k.shape[1] or mask_from > keys
+            or (mask is not None and (mask.dtype != torch.float32 or mask.dim() != 2 or mask.shape[0] != n
+                                      or mask.shape[1] != keys - mask_from or not mask.is_cpu))):
+        raise ValueError(f"row_attn: q {list(q.shape)} {q.dtype} does not fit caches {list(k.shape)} {k.dtype}, "
+                         f"{keys} keys" + ("" if mask is None else f", mask {list(mask.shape)} from {mask_from}"))
+    out = torch.empty(n, hq * d, dtype=torch.float32)
+    if n:
+        rc = lib.row_attn(q.data_ptr(), n, hq, hkv, d, k.data_ptr(), v.data_ptr(), k.stride(0),
+                          keys if mask is None else mask_from, None if mask is None else mask.data_ptr(),
+                          0 if mask is None else mask.shape[1], 0 if mask is None else mask.stride(0), scale,
+                          out.data_ptr(), torch.get_num_threads())
+        if rc == -1:
+            raise MemoryError("row_attn: no scratch memory")
+        if rc != 0:
+            raise ValueError("row_attn: a row with no keys, more than 64 query heads a key head, or heads over "
+                             "1024 wide")
+    return out
+
+
+def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int, mask: torch.Tensor | None, mask_from: int,
+        scale: float) -> torch.Tensor:
+    return row_attn(q, k, v, keys, mask, mask_from, scale)
+
+
+# The op TorchScript calls (torch.ops.rest_lsp.row_attn), in the namespace panel_matmul defines.
+assert panel_matmul._ops is not None
+_ops = torch.library.Library("rest_lsp", "FRAGMENT")
+_ops.define("row_attn(Tensor q, Tensor k, Tensor v, int keys, Tensor? mask, int mask_from, float scale) -> Tensor")
+_ops.impl("row_attn", _op, "CPU")
