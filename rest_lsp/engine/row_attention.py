@@ -8,19 +8,20 @@ same row alone; the next matmul's per-block int8 quantization turns that into di
 key list: the cache rows 0..P-1 every row shares (the committed past), then its own tail (the visible columns of
 the mask: a tree row's ancestors in depth order, then itself). Per (row, head):
 
-  - score j: a chain over d in order, s = s + q[d] * k_j[d] (each multiply and add rounded), times the scale;
+  - score j: a chain over d in order, s = fma(q[d], k_j[d], s), times the scale;
   - m: the exact maximum; p_j = exp(s_j - m) by one polynomial (no libm), elementwise;
   - the sum of p_j in lanes by j mod 16, then a fixed pairwise sum of the lanes;
-  - out[d]: a chain over j in list order, a = a + p_j * v_j[d], then divided by the sum.
+  - out[d]: a chain over j in list order, a = fma(p_j, v_j[d], a), then divided by the sum.
 
 Every operation depends only on the list index j and the values: not on the rows in the call, on where the
 shared part ends, or on the other rows. A plain step (one row, the ancestors committed) therefore gives bit for
 bit what the row gives in a tree. The shared part is read once for all rows of a block (keys outer, rows inner),
 and blocks of rows by key head run on torch's OpenMP threads; neither changes a row's chain.
 
-One C source with GCC's vector types of 16 floats and no fused multiply-add: whatever the compiler targets
-(`-march`: AVX-512, AVX2, plain x86-64), each lane's operations are the same IEEE ones, so the paths agree bit for
-bit (tests/engine/test_row_attention.py). Built through panel_matmul's one hardened path (`build_and_load`),
+One C source with GCC's vector types of 16 floats, each multiply and add rounded where the source says, the fused
+multiply-adds AVX-512's or AVX2's instruction or libm's fmaf (all round once): whatever the compiler targets
+(`-march`), each lane's operations are the same IEEE ones, so the paths agree bit for bit
+(tests/engine/test_row_attention.py). Built through panel_matmul's one hardened path (`build_and_load`),
 checked against a float64 reference before use; `available()` is False where it cannot be built.
 """
 
@@ -59,6 +60,28 @@ INLINE v16 ld(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 INLINE void st(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 INLINE v16 ldn(const float *p, idx c) { v16 v = {0}; memcpy(&v, p, (size_t)c * sizeof(float)); return v; }
 INLINE void stn(float *p, v16 v, idx c) { memcpy(p, &v, (size_t)c * sizeof(float)); }
+/* c + a * b rounded once (a fused multiply-add): the instruction where the target has one, else libm's fmaf, which
+   rounds the same way */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+INLINE v16 fma16(v16 a, v16 b, v16 c) { return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+INLINE v16 fma16(v16 a, v16 b, v16 c) {
+    __m256 x[2], y[2], z[2];
+    memcpy(x, &a, sizeof a); memcpy(y, &b, sizeof b); memcpy(z, &c, sizeof c);
+    z[0] = _mm256_fmadd_ps(x[0], y[0], z[0]);
+    z[1] = _mm256_fmadd_ps(x[1], y[1], z[1]);
+    memcpy(&c, z, sizeof c);
+    return c;
+}
+#else
+#include <math.h>
+INLINE v16 fma16(v16 a, v16 b, v16 c) {
+    for (int i = 0; i < 16; i++) c[i] = fmaf(a[i], b[i], c[i]);
+    return c;
+}
+#endif
 INLINE v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 /* exp(x) for x <= 0 (x below the clamp gives a tiny normal number): Cody-Waite reduction and a degree-five
@@ -131,14 +154,14 @@ static void scores(const float *const *qs, float *const *dst, idx U, const float
         v16 a[8] = {{0}};
         for (idx e = 0; e < d; e++) {
             v16 kk = ld(kt + e * LN);
-            for (int x = 0; x < 8; x++) a[x] = a[x] + splat(qq[x][e]) * kk;
+            for (int x = 0; x < 8; x++) a[x] = fma16(splat(qq[x][e]), kk, a[x]);
         }
         for (int x = 0; x < 8; x++) st(dd[x], a[x] * scale);
     }
 }
 
 /* acc[u][c] = acc[u][c] + p[u][j] * v_j[c] for j in 0..J (value rows vr[j]), u in 0..U, the chunks c of d: per
-   (u, lane) a chain over j in order. Four queries by two chunks at a time (independent chains), the missing
+   (u, lane) a chain over j in order. Four queries by four chunks at a time (independent chains), the missing
    queries a zero weight row into a scratch accumulator. */
 static void values(const float *const *ps, v16 *const *acc, idx U, const float *const *vr, idx J, idx d,
                    const float *zeros) {
@@ -151,38 +174,39 @@ static void values(const float *const *ps, v16 *const *acc, idx U, const float *
             pp[x] = u + x < U ? ps[u + x] : zeros;
             aa[x] = u + x < U ? acc[u + x] : spare;
         }
-        for (idx c = 0; c < dc; c += 2) {
-            idx c1 = c + 1 < dc ? c + 1 : c, n0 = d - c * LN, n1 = d - c1 * LN;
-            n0 = n0 < LN ? n0 : LN;
-            n1 = n1 < LN ? n1 : LN;
-            v16 a[8];
-            for (int x = 0; x < 4; x++) {
-                a[2 * x] = aa[x][c];
-                a[2 * x + 1] = aa[x][c1];
+        for (idx c = 0; c < dc; c += 4) {  /* four chunks (repeats of the last past d: computed, not kept) */
+            idx cc[4], nn[4];
+            for (int y = 0; y < 4; y++) {
+                cc[y] = c + y < dc ? c + y : dc - 1;
+                nn[y] = d - cc[y] * LN < LN ? d - cc[y] * LN : LN;
             }
-            if (n0 == LN && n1 == LN) {
+            v16 a[16];
+            for (int x = 0; x < 4; x++)
+                for (int y = 0; y < 4; y++) a[4 * x + y] = aa[x][cc[y]];
+            if (nn[0] == LN && nn[1] == LN && nn[2] == LN && nn[3] == LN) {
                 for (idx j = 0; j < J; j++) {
-                    v16 v0 = ld(vr[j] + c * LN), v1 = ld(vr[j] + c1 * LN);
+                    v16 v0 = ld(vr[j] + cc[0] * LN), v1 = ld(vr[j] + cc[1] * LN), v2 = ld(vr[j] + cc[2] * LN),
+                        v3 = ld(vr[j] + cc[3] * LN);
                     for (int x = 0; x < 4; x++) {
                         v16 w = splat(pp[x][j]);
-                        a[2 * x] = a[2 * x] + w * v0;
-                        a[2 * x + 1] = a[2 * x + 1] + w * v1;
+                        a[4 * x] = fma16(w, v0, a[4 * x]);
+                        a[4 * x + 1] = fma16(w, v1, a[4 * x + 1]);
+                        a[4 * x + 2] = fma16(w, v2, a[4 * x + 2]);
+                        a[4 * x + 3] = fma16(w, v3, a[4 * x + 3]);
                     }
                 }
             } else {
                 for (idx j = 0; j < J; j++) {
-                    v16 v0 = ldn(vr[j] + c * LN, n0), v1 = ldn(vr[j] + c1 * LN, n1);
+                    v16 vv[4];
+                    for (int y = 0; y < 4; y++) vv[y] = ldn(vr[j] + cc[y] * LN, nn[y]);
                     for (int x = 0; x < 4; x++) {
                         v16 w = splat(pp[x][j]);
-                        a[2 * x] = a[2 * x] + w * v0;
-                        a[2 * x + 1] = a[2 * x + 1] + w * v1;
+                        for (int y = 0; y < 4; y++) a[4 * x + y] = fma16(w, vv[y], a[4 * x + y]);
                     }
                 }
             }
-            for (int x = 0; x < 4; x++) {
-                aa[x][c] = a[2 * x];
-                if (c1 != c) aa[x][c1] = a[2 * x + 1];
-            }
+            for (int x = 0; x < 4; x++)
+                for (int y = 3; y >= 0; y--) aa[x][cc[y]] = a[4 * x + y];
         }
     }
 }
@@ -323,6 +347,7 @@ int row_attn_threaded(void) {
 FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
 NATIVE = "-march=native"
 OPENMP = panel_matmul.OPENMP
+LIBS = ("-lm",)  # fmaf, where the target has no fused multiply-add
 MARCHES = {"-march=haswell": "AVX2", "-march=x86-64": "portable"}  # fallback paths the tests build
 
 _lock = threading.Lock()
@@ -387,7 +412,7 @@ def library(march: str = NATIVE, folder: Path | None = None) -> ctypes.CDLL | No
         else:
             try:
                 lib = _checked(_bind(build_and_load(cc, folder or kernel_folder(), "row_attention", SOURCE,
-                                                    (FLAGS + (march,) + OPENMP, FLAGS + (march,)))))
+                                                    (FLAGS + (march,) + OPENMP, FLAGS + (march,)), LIBS)))
             except UntrustedCache as err:
                 log.warning("The kernel cache folder is not this user's alone (%s): no row-exact attention.", err)
             except Exception as err:  # noqa: BLE001 - whatever went wrong, attention runs on torch's ops
