@@ -240,7 +240,7 @@ def main() -> None:
         "pld_identical": sum(r["pld_equals_plain"] for r in rows),
         "budget": budget, "device": str(loaded.device), "dtype": loaded.mode, "max_new_tokens": n,
     }
-    names = {"fp32": "float32", "fp16w": "float16-weights"}
+    names = {"fp32": "float32", "fp16w": "float16-weights", "own": loaded.mode}
     labels = {"own-plain": f"plain, rest-lsp's engine (no drafts), {names[default_mode]}",
               "rest": f"REST (default: {names[default_mode]})",
               f"own-plain-{other}": f"plain, rest-lsp's engine, {names[other]}",
