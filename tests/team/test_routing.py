@@ -92,3 +92,41 @@ async def test_the_router_forgets_the_workspaces_of_a_replica_gone():
     assert len(router._placements) == 2
     [[again]] = await router.choose_replicas(replicas[1:], request("a"))
     assert again is replicas[1]
+
+
+def test_the_client_marks_only_its_closing_request():
+    """The editor's DELETE at close carries the workspace's session header with CLOSING; every other request the
+    workspace's own, so the router keeps routing them by workspace."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from rest_lsp.team.http import Http
+    from rest_lsp.team.protocol import WORKSPACE_HEADER
+
+    seen = []
+
+    class Record(BaseHTTPRequestHandler):
+        def _answer(self):
+            seen.append((self.command, self.headers.get(WORKSPACE_HEADER)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_GET = do_DELETE = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Record)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Http(f"http://127.0.0.1:{server.server_port}", "t" * 32, "ws-1")
+        client.call("GET", "/v1/workspaces/ws-1/stats")
+        client.call("DELETE", "/v1/workspaces/ws-1", closing=True)
+        client.call("GET", "/v1/workspaces/ws-1/stats")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [("GET", "ws-1"), ("DELETE", "ws-1" + CLOSING), ("GET", "ws-1")]
