@@ -270,3 +270,22 @@ def tiny_folder(path: Path) -> Path:
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="w0", unk_token="[UNK]").save_pretrained(path)
     return path
+
+
+class Said:
+    """The service's events as a list: (level, text) of every message; indexing progress ignored."""
+
+    def __init__(self):
+        self.messages = []
+
+    def message(self, level, text):
+        self.messages.append((level, text))
+
+    def index_begin(self, root):
+        pass
+
+    def index_progress(self, root, done, total):
+        pass
+
+    def index_end(self, root, stats):
+        pass

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from support import TEAM_TOKEN as TOKEN
+from support import Said, wait_for
 
 from rest_lsp.service.completion import CompletionService
 from rest_lsp.settings import Settings
@@ -18,32 +19,6 @@ from rest_lsp.team.remote import RemoteService
 
 LIB = "def frobnicate_widget(count):\n    return count * 7\n"
 TEXT = "def add(a, b):\n    return a + b\n\nresult = add("
-
-
-class Said:
-    def __init__(self):
-        self.messages = []
-
-    def message(self, level, text):
-        self.messages.append((level, text))
-
-    def index_begin(self, root):
-        pass
-
-    def index_progress(self, root, done, total):
-        pass
-
-    def index_end(self, root, stats):
-        pass
-
-
-def wait_for(check, timeout=60.0, what="the condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture()

@@ -12,6 +12,7 @@ import time
 
 import pytest
 from support import TEAM_TOKEN as TOKEN
+from support import Said, wait_for
 from support import command, cursor_at_end, greedy, inline, open_doc, start
 
 from rest_lsp.errors import UserError
@@ -19,30 +20,6 @@ from rest_lsp.settings import Settings
 from rest_lsp.team.remote import RemoteService, remote_target
 
 TEXT = "def add(a, b):\n    return a + b\n\nresult = add("
-
-
-class Said:
-    def __init__(self):
-        self.messages = []
-
-    def message(self, level, text):
-        self.messages.append((level, text))
-
-    def index_begin(self, root):
-        pass
-
-    def index_progress(self, root, done, total):
-        pass
-
-    def index_end(self, root, stats):
-        pass
-
-
-def wait_for(check, timeout=60.0, what="the condition"):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def token_file(tmp_path):
