@@ -16,7 +16,8 @@ OBJECT_STORE_MB = 200  # the replicas pass token ids and text, never tensors: Ra
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="hub id, local model folder or .gguf (default: the bundled one)")
-    parser.add_argument("--dtype", default=None, help="float32 (exact), bfloat16, float16, float16-weights")
+    parser.add_argument("--dtype", default=None, help="float32 (exact), bfloat16, float16, float16-weights, q8_0 or "
+                        "gguf (default: as the language server)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the best there is)")
     parser.add_argument("--replicas", type=int, default=1, help="copies of the model (default 1)")
     parser.add_argument("--num-cpus", type=float, default=1, help="CPU cores per replica = its torch threads")

@@ -19,13 +19,13 @@ from typing import Sequence
 
 import torch
 
-from rest_lsp.engine import gguf_blocks, saved_tokenizer
+from rest_lsp.engine import gguf_blocks, mode_choice, saved_tokenizer
 from rest_lsp.errors import ModelLoadError
 from rest_lsp.engine.model_source import DEFAULT_GGUF_NAME, DEFAULT_MODEL, cache_root
 from rest_lsp.engine.model_source import gguf_cache_dir as _gguf_cache_dir
 from rest_lsp.engine.model_source import hub_snapshot
 from rest_lsp.engine.model_source import resolve as _resolve
-from rest_lsp.engine.runmode import decide, mode_name
+from rest_lsp.engine.runmode import DTYPE_ENV, decide, mode_name
 
 __all__ = ["DEFAULT_GGUF_NAME", "DEFAULT_MODEL", "LoadedModel", "ModelLoadError", "Tokenizer", "cache_root",
            "load_model", "load_tokenizer"]
@@ -225,15 +225,45 @@ def _gguf_tokenizer(folder: str, gguf_file: str):
 
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    mode = decide(device, dtype, gguf=_resolve(spec)[1] is not None)
+    folder, gguf_file = _resolve(spec)
+    mode = decide(device, dtype, gguf=gguf_file is not None)
     for note in mode.notes:
         log.warning(note)
-    model, tok = _load(spec, mode.dtype)
+    # no dtype asked for, a .gguf on a CPU: the rule's mode or the gguf mode, whichever steps faster here
+    unasked = dtype in (None, "", "auto") and not os.environ.get(DTYPE_ENV)
+    names = mode_choice.candidates(mode, gguf_file is not None) if unasked else []
+    choice = key = None
+    if names:
+        key = mode_choice.choice_key(Path(folder) / gguf_file, mode.device, names)
+        choice = mode_choice.read_cached(mode_choice.cache_file(cache_root(), key), key)
+        if choice is not None:
+            mode = decide(device, choice.mode, gguf=True)
+    measuring = bool(names) and choice is None
+    model, tok = _load(spec, torch.float32 if measuring else mode.dtype)
     model.to(mode.device).eval()
-    folder, gguf_file = _resolve(spec)
     if gguf_file:  # the gguf mode runs the file's own blocks
         gguf_blocks.attach(model, Path(folder) / gguf_file)
+    if measuring:
+        model, mode, choice = _measure_modes(model, mode, names, key)
+    if choice is not None:
+        log.info("Mode %s", mode_choice.describe(choice))
     saved_tokenizer.keep(spec, tok)
     tokenizer = Tokenizer(tok)
     return LoadedModel(model=model, tokenizer=tokenizer, device=mode.device, dtype=mode.dtype,
                        name=spec or DEFAULT_MODEL, notes=list(mode.notes), packing=mode.packing)
+
+
+def _measure_modes(model, rule, names: list[str], key: dict):
+    """(the model in the fastest mode, that mode, the choice) from timing each candidate on the fp32 model; the
+    choice is kept for the next load unless the timings were noisy."""
+    log.info("Timing which mode decodes this model fastest here (%s; once per machine and model).",
+             ", ".join(names))
+    timings, noisy = mode_choice.measure(model, names, rule)
+    if not timings:
+        return model.to(rule.dtype), rule, None
+    choice = mode_choice.Choice(mode_choice.choose(timings), timings, "measured")
+    if not noisy and len(timings) == len(names):
+        mode_choice.write_cached(mode_choice.cache_file(cache_root(), key), key, choice)
+    mode = decide(rule.device.type, choice.mode, gguf=True)
+    mode_choice.forget_packs(model, mode.packing)
+    return model.to(mode.dtype), mode, choice

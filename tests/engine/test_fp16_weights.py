@@ -105,10 +105,13 @@ def test_lean_engines_over_one_model_keep_their_own_packing(cpu_tiny):
 
 
 def test_the_bundled_gguf_model_loads_in_float16_weights_by_default(monkeypatch):
-    from rest_lsp.engine import runmode
+    """Where the CPU has no bf16 and the integer kernel does not build (else the faster of this and the gguf mode
+    runs: test_mode_choice.py)."""
+    from rest_lsp.engine import quant_matmul, runmode
     from rest_lsp.engine.model import load_model
 
     monkeypatch.setattr(runmode, "native_bf16", lambda *a, **k: False)
+    monkeypatch.setattr(quant_matmul, "available", lambda: False)
     loaded = load_model(None, "cpu")
     assert loaded.mode == FP16_WEIGHTS and loaded.dtype == torch.float32 and not loaded.notes
     assert Decoder(loaded).engine == "lean-fp16" and Decoder(loaded).mode == FP16_WEIGHTS

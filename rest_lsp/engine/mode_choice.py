@@ -1,0 +1,187 @@
+"""Which mode a .gguf decodes fastest in on this machine, when no dtype is asked for: measured on the model itself
+once per machine and file, kept as JSON under the cache folder beside the step-cost curves.
+
+The candidates are the machine's rule (`runmode.decide`: bfloat16 where the CPU computes it, else float16-weights)
+and the gguf mode (the file's own blocks on rest-lsp's integer kernel), where that kernel builds and the lean engine
+runs the model. Each is timed on the loaded weights: a prefill of PREFILL tokens, then, ROUNDS times after one
+warm-up, a step of 1 token and one of a TREE-token draft tree over it, as `Decoder.step_timer` runs them (forward
+pass and head). The winner has the cheapest steps (1 token + TREE tokens: plain decoding's step and a typical REST
+step): a keystroke's request is its steps, its prefill a few tokens on a KV cache it keeps.
+
+The prefill runs in the winner's mode too, though another mode may prefill faster (bf16 on AMX): the gguf mode's
+promise, REST = plain decoding, holds because every token's keys and values are computed alike, alone or beside
+others; keys from another mode's prefill would make a suggestion depend on which tokens came from a prefill. Within
+the gguf mode the integer kernel takes the fastest instructions for a call's row count (quant_matmul.py), bit for bit
+the same. Timings that disagree between rounds (busy cores) decide this load but are not kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from rest_lsp.engine.calibration import NOISE_LIMIT, machine_name
+from rest_lsp.engine.runmode import GGUF_WEIGHTS, RunMode
+
+log = logging.getLogger(__name__)
+
+METHOD = 1  # bumped when what is timed changes: older choices are measured again
+PREFILL = 128  # cached tokens under the timed steps
+TREE = 8  # tokens of the timed draft tree: about what REST verifies a step on a CPU
+ROUNDS = 3  # medians of this many rounds, after one warm-up round
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One mode's measured milliseconds (medians over the rounds)."""
+
+    step_ms: float  # a step verifying 1 token
+    tree_ms: float  # a step verifying TREE tokens
+    prefill_ms: float  # a prefill of PREFILL tokens
+
+    @property
+    def cost(self) -> float:
+        return self.step_ms + self.tree_ms
+
+
+@dataclass(frozen=True)
+class Choice:
+    mode: str  # a `--dtype` value: the winner
+    timings: dict[str, Timing]  # by mode
+    source: str  # "measured" | "cache"
+
+
+def candidates(rule: RunMode, gguf: bool) -> list[str]:
+    """The modes worth timing for a load without a dtype: the rule's and the gguf mode, on a CPU that builds the
+    integer kernel, for a .gguf; none (the rule decides alone) otherwise."""
+    from rest_lsp.engine.lean_llama import q8_packs
+
+    if not gguf or rule.device.type != "cpu" or rule.name == GGUF_WEIGHTS or not q8_packs(torch.float32, rule.device):
+        return []
+    return [rule.name, GGUF_WEIGHTS]
+
+
+def choice_key(path: str | Path, device: torch.device, names: list[str]) -> dict:
+    """Which machine, file (path, size, modification time) and candidates a choice belongs to."""
+    st = Path(path).stat()
+    return {"method": METHOD, "machine": machine_name(device), "torch": torch.__version__,
+            "file": f"{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}", "candidates": names}
+
+
+def cache_file(cache_dir: Path, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cache_dir) / "calibration" / f"mode-{digest}.json"
+
+
+def read_cached(path: Path, key: dict) -> Choice | None:
+    """The kept choice for `key`; None when absent, unreadable, another key's or naming no candidate."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("key") != key or data.get("mode") not in key["candidates"]:
+            raise ValueError("another machine, file or candidate list")
+        timings = {name: Timing(**t) for name, t in data["timings"].items()}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        log.info("Mode choice %s is not usable (%s); measuring again.", path, err)
+        return None
+    return Choice(data["mode"], timings, "cache")
+
+
+def write_cached(path: Path, key: dict, choice: Choice) -> None:
+    """Atomically; a folder that cannot be written costs the next load a measurement, nothing else."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"key": key, "mode": choice.mode,
+                       "timings": {name: asdict(t) for name, t in choice.timings.items()}}, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as err:
+        log.warning("Could not keep the mode choice in %s (%s); the next start measures again.", path, err)
+
+
+def choose(timings: dict[str, Timing]) -> str:
+    """The mode with the cheapest steps; on a tie the first candidate (the rule's)."""
+    return min(timings, key=lambda name: timings[name].cost)
+
+
+def _variant(model: torch.nn.Module, name: str, rule: RunMode):
+    """(a LoadedModel of `model`'s weights in mode `name`, whether it is a copy): bfloat16 runs a bf16 copy, the
+    fp32 modes the weights themselves on their own packing."""
+    from rest_lsp.engine.model import LoadedModel
+    from rest_lsp.engine.runmode import decide
+
+    mode = decide(rule.device.type, name, gguf=True)
+    weights = model if mode.dtype == torch.float32 else copy.deepcopy(model).to(mode.dtype)
+    loaded = LoadedModel(model=weights, tokenizer=None, device=mode.device, dtype=mode.dtype, name=name,
+                         packing=mode.packing)
+    return loaded, weights is not model
+
+
+@torch.inference_mode()
+def time_mode(loaded, rounds: int = ROUNDS) -> tuple[Timing, bool]:
+    """(the medians of `loaded`'s timings, whether its rounds disagree by more than NOISE_LIMIT)."""
+    from rest_lsp.engine.calibration import _test_tree
+    from rest_lsp.engine.decoding import Decoder
+
+    decoder = Decoder(loaded)
+    if decoder.lean is None:
+        raise ValueError(f"the lean engine does not run this model ({decoder.lean_unsupported})")
+    prefill, step, tree = [], [], []
+    trees = (_test_tree(1, decoder.vocab_size, 1), _test_tree(1, decoder.vocab_size, TREE))
+    for rnd in range(rounds + 1):
+        t0 = time.perf_counter()
+        run = decoder.step_timer(PREFILL)
+        t1 = time.perf_counter()
+        for tree_k, times in zip(trees, (step, tree)):
+            run(tree_k)  # settles, as in a decoding loop
+            t = time.perf_counter()
+            run(tree_k)
+            if rnd:
+                times.append((time.perf_counter() - t) * 1e3)
+        if rnd:
+            prefill.append((t1 - t0) * 1e3)
+    spread = max(max(v) / min(v) for v in (step, tree))
+    timing = Timing(statistics.median(step), statistics.median(tree), statistics.median(prefill))
+    return timing, rounds > 1 and spread > NOISE_LIMIT
+
+
+def measure(model: torch.nn.Module, names: list[str], rule: RunMode) -> tuple[dict[str, Timing], bool]:
+    """(each candidate's timings, whether any was noisy) on `model`, loaded in float32 from the .gguf; a candidate
+    that cannot run is left out with one log line."""
+    timings: dict[str, Timing] = {}
+    noisy = False
+    for name in names:
+        loaded, copied = _variant(model, name, rule)
+        try:
+            timings[name], busy = time_mode(loaded)
+            noisy = noisy or busy
+        except Exception as err:  # noqa: BLE001 - a mode that cannot run here is not a candidate
+            log.info("Mode %s cannot run this model here (%s); it is not a candidate.", name, err)
+        finally:
+            if copied:
+                del loaded
+    return timings, noisy
+
+
+def forget_packs(model: torch.nn.Module, keep: str | None) -> None:
+    """Drops the lean engine's packed weights built for the losing modes (each packing keeps one in the model)."""
+    for key in [k for k in model.__dict__ if k.startswith("_lean_") and k != f"_lean_{keep}"]:
+        del model.__dict__[key]
+
+
+def describe(choice: Choice) -> str:
+    others = ", ".join(f"{name} {t.step_ms:.1f} / {t.tree_ms:.1f} ms (prefill of {PREFILL}: {t.prefill_ms:.0f} ms)"
+                       for name, t in choice.timings.items())
+    return f"{choice.mode}, the fastest here ({choice.source}; a step of 1 / {TREE} tokens: {others})"

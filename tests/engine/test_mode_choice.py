@@ -1,0 +1,143 @@
+"""A .gguf loaded without a dtype runs in the mode that steps fastest on this machine (engine/mode_choice.py): the
+machine's rule (bfloat16 or float16-weights) or the gguf mode, timed once on the model itself and kept per machine
+and file; an asked-for dtype, REST_LSP_DTYPE or a model folder never times anything."""
+
+import json
+import logging
+
+import pytest
+import torch
+from support import tiny_folder
+from test_gguf_mode import needs_kernel, write_gguf
+
+from rest_lsp.engine import mode_choice, runmode
+from rest_lsp.engine.decoding import Decoder
+from rest_lsp.engine.model import load_model
+from rest_lsp.engine.model_source import cache_root
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    needs_kernel()
+    monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(runmode.DTYPE_ENV, raising=False)
+    return write_gguf(tmp_path / "tiny-qwen2.gguf", "qwen2", True)
+
+
+def rule() -> str:
+    return runmode.decide("cpu", None, gguf=True).name
+
+
+class Timed:
+    """time_mode replaced by given step costs (ms by mode name), counting its calls."""
+
+    def __init__(self, monkeypatch, costs: dict[str, float], noisy: bool = False, failing: str | None = None):
+        self.costs, self.noisy, self.failing, self.calls = costs, noisy, failing, []
+        monkeypatch.setattr(mode_choice, "time_mode", self)
+
+    def __call__(self, loaded, rounds=mode_choice.ROUNDS):
+        name = runmode.mode_name(loaded.dtype, loaded.packing)
+        self.calls.append(name)
+        if name == self.failing:
+            raise ValueError("cannot run here")
+        ms = self.costs[name]
+        return mode_choice.Timing(ms, 2 * ms, 10 * ms), self.noisy
+
+
+def kept_files() -> list:
+    return sorted((cache_root() / "calibration").glob("mode-*.json"))
+
+
+@pytest.mark.parametrize("gguf_faster", [True, False], ids=["gguf-faster", "rule-faster"])
+def test_the_faster_mode_is_chosen_and_kept_for_the_next_load(tiny, monkeypatch, gguf_faster):
+    timed = Timed(monkeypatch, {rule(): 20.0 if gguf_faster else 5.0, "gguf": 10.0})
+    first = load_model(str(tiny), "cpu")
+    want = "gguf" if gguf_faster else rule()
+    assert first.mode == want and sorted(timed.calls) == sorted([rule(), "gguf"])
+    assert first.dtype == runmode.decide("cpu", want, gguf=True).dtype
+    assert [k for k in first.model.__dict__ if k.startswith("_lean_")] in ([], [f"_lean_{first.packing}"])
+    assert Decoder(first).mode == want
+    (kept,) = kept_files()
+    assert json.loads(kept.read_text())["mode"] == want
+    second = load_model(str(tiny), "cpu")
+    assert second.mode == want and len(timed.calls) == 2  # read, not timed again
+
+
+def test_an_asked_for_dtype_a_forced_default_or_a_folder_times_nothing(tiny, tmp_path, monkeypatch):
+    timed = Timed(monkeypatch, {rule(): 1.0, "gguf": 2.0})
+    assert load_model(str(tiny), "cpu", "float32").mode == "float32"
+    assert load_model(str(tiny), "cpu", "gguf").mode == "gguf"
+    monkeypatch.setenv(runmode.DTYPE_ENV, "float32")
+    assert load_model(str(tiny), "cpu").mode == "float32"
+    monkeypatch.delenv(runmode.DTYPE_ENV)
+    load_model(str(tiny_folder(tmp_path / "folder")), "cpu")
+    assert timed.calls == [] and kept_files() == []
+
+
+def test_noisy_timings_decide_this_load_but_are_not_kept(tiny, monkeypatch):
+    timed = Timed(monkeypatch, {rule(): 20.0, "gguf": 10.0}, noisy=True)
+    assert load_model(str(tiny), "cpu").mode == "gguf" and kept_files() == []
+    load_model(str(tiny), "cpu")
+    assert len(timed.calls) == 4
+
+
+def test_a_mode_that_cannot_run_is_no_candidate_and_nothing_is_kept(tiny, monkeypatch, caplog):
+    Timed(monkeypatch, {rule(): 20.0, "gguf": 10.0}, failing="gguf")
+    with caplog.at_level(logging.INFO, logger="rest_lsp.engine.mode_choice"):
+        assert load_model(str(tiny), "cpu").mode == rule()
+    assert "Mode gguf cannot run this model here (cannot run here)" in caplog.text
+    assert kept_files() == []
+
+
+def test_a_damaged_or_foreign_choice_is_measured_again(tiny, monkeypatch):
+    timed = Timed(monkeypatch, {rule(): 20.0, "gguf": 10.0})
+    load_model(str(tiny), "cpu")
+    (kept,) = kept_files()
+    for text in ("{not json", json.dumps({"key": {"method": -1}, "mode": "gguf", "timings": {}})):
+        kept.write_text(text)
+        assert load_model(str(tiny), "cpu").mode == "gguf"
+        assert json.loads(kept.read_text())["mode"] == "gguf"
+    assert len(timed.calls) == 6
+
+
+def test_a_changed_file_is_measured_again(tiny, monkeypatch):
+    timed = Timed(monkeypatch, {rule(): 20.0, "gguf": 10.0})
+    load_model(str(tiny), "cpu")
+    write_gguf(tiny, "qwen2", True)  # rewritten: another modification time
+    load_model(str(tiny), "cpu")
+    assert len(timed.calls) == 4 and len(kept_files()) == 2
+
+
+def test_each_candidate_is_timed_on_the_model_itself(tiny):
+    """The real timings: both candidates measured, steps and prefill positive, the choice the cheaper."""
+    loaded = load_model(str(tiny), "cpu")
+    (kept,) = kept_files() or [None]
+    if kept is None:
+        pytest.skip("the timings were too noisy to keep on this busy machine")
+    data = json.loads(kept.read_text())
+    timings = {name: mode_choice.Timing(**t) for name, t in data["timings"].items()}
+    assert sorted(timings) == sorted([rule(), "gguf"])
+    assert all(t.step_ms > 0 and t.tree_ms > 0 and t.prefill_ms > 0 for t in timings.values())
+    assert loaded.mode == data["mode"] == mode_choice.choose(timings)
+    assert next(loaded.model.parameters()).dtype == loaded.dtype
+
+
+def test_choose_takes_the_cheapest_steps_and_the_rule_on_a_tie():
+    t = mode_choice.Timing
+    assert mode_choice.choose({"bfloat16": t(40, 41, 1), "gguf": t(20, 27, 9)}) == "gguf"
+    assert mode_choice.choose({"bfloat16": t(10, 11, 1), "gguf": t(20, 27, 1)}) == "bfloat16"
+    assert mode_choice.choose({"float16-weights": t(10, 10, 1), "gguf": t(10, 10, 1)}) == "float16-weights"
+
+
+def test_only_a_gguf_on_a_cpu_that_builds_the_kernel_has_candidates(monkeypatch):
+    from rest_lsp.engine import quant_matmul
+
+    needs_kernel()
+    cpu = runmode.decide("cpu", None, gguf=True)
+    assert mode_choice.candidates(cpu, gguf=True) == [cpu.name, "gguf"]
+    assert mode_choice.candidates(cpu, gguf=False) == []
+    assert mode_choice.candidates(runmode.decide("cpu", "gguf", gguf=True), gguf=True) == []
+    cuda = runmode.run_mode(torch.device("cuda"), torch.float32, None)
+    assert mode_choice.candidates(cuda, gguf=True) == []
+    monkeypatch.setattr(quant_matmul, "available", lambda: False)
+    assert mode_choice.candidates(cpu, gguf=True) == []
