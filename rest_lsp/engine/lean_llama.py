@@ -334,7 +334,6 @@ class _Layer(torch.nn.Module):
         and `mask` [n, keys - mask_from] is added to the scores of the key columns from `mask_from` on."""
         n = x.shape[0]
         Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
-        group = Hq // Hkv
         h = rms_norm(x, self.in_weight, self.in_doubled, self.eps)
         qkv = self.qkv(h)  # [n, (Hq + 2 Hkv) D]
         heads = qkv.view(n, Hq + 2 * Hkv, D).transpose(0, 1)  # [Hq + 2 Hkv, n, D]

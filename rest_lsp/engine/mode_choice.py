@@ -116,44 +116,50 @@ def choose(timings: dict[str, Timing]) -> str:
     return min(timings, key=lambda name: timings[name].cost)
 
 
-def _variant(model: torch.nn.Module, name: str, rule: RunMode):
-    """(a LoadedModel of `model`'s weights in mode `name`, whether it is a copy): bfloat16 runs a bf16 copy, the
-    fp32 modes the weights themselves on their own packing."""
-    from rest_lsp.engine.model import LoadedModel
+def _weights(model: torch.nn.Module, name: str, rule: RunMode) -> tuple[torch.nn.Module, str]:
+    """(the weights mode `name` runs: a bf16 copy for bfloat16, else the fp32 model itself; its lean packing)."""
     from rest_lsp.engine.runmode import decide
 
     mode = decide(rule.device.type, name, gguf=True)
     weights = model if mode.dtype == torch.float32 else copy.deepcopy(model).to(mode.dtype)
-    loaded = LoadedModel(model=weights, tokenizer=None, device=mode.device, dtype=mode.dtype, name=name,
-                         packing=mode.packing)
-    return loaded, weights is not model
+    return weights, mode.packing
 
 
 @torch.inference_mode()
-def time_mode(loaded, rounds: int = ROUNDS) -> tuple[Timing, bool]:
-    """(the medians of `loaded`'s timings, whether its rounds disagree by more than NOISE_LIMIT)."""
-    from rest_lsp.engine.calibration import _test_tree
-    from rest_lsp.engine.decoding import Decoder
+def time_mode(model: torch.nn.Module, packing: str, rounds: int = ROUNDS) -> tuple[Timing, bool]:
+    """(the medians of the lean engine's timings on `model`'s weights in `packing`, whether its rounds disagree by
+    more than NOISE_LIMIT). A step is the forward pass over its tokens and the head over their rows (as a tree
+    step's batched head call), on a cache of PREFILL random tokens."""
+    from rest_lsp.engine.lean_llama import LeanLlama, unsupported
 
-    decoder = Decoder(loaded)
-    if decoder.lean is None:
-        raise ValueError(f"the lean engine does not run this model ({decoder.lean_unsupported})")
-    prefill, step, tree = [], [], []
-    trees = (_test_tree(1, decoder.vocab_size, 1), _test_tree(1, decoder.vocab_size, TREE))
+    if (why := unsupported(model)) is not None:
+        raise ValueError(f"the lean engine does not run this model ({why})")
+    lean = LeanLlama(model, int(getattr(model.config, "max_position_embeddings", 2048) or 2048), pack=packing)
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.randint(0, vocab, (PREFILL + TREE,), generator=torch.Generator().manual_seed(0)).to(lean.device)
+    positions = torch.arange(PREFILL + TREE, device=lean.device)
+
+    def step(k: int) -> float:
+        t = time.perf_counter()
+        lean.head(lean.forward(ids[PREFILL : PREFILL + k], positions[PREFILL : PREFILL + k], cache))
+        elapsed = (time.perf_counter() - t) * 1e3
+        cache.crop(PREFILL)
+        return elapsed
+
+    prefill, one, tree = [], [], []
     for rnd in range(rounds + 1):
-        t0 = time.perf_counter()
-        run = decoder.step_timer(PREFILL)
-        t1 = time.perf_counter()
-        for tree_k, times in zip(trees, (step, tree)):
-            run(tree_k)  # settles, as in a decoding loop
-            t = time.perf_counter()
-            run(tree_k)
+        cache = lean.new_cache()
+        t = time.perf_counter()
+        lean.forward(ids[:PREFILL], positions[:PREFILL], cache)
+        ms = (time.perf_counter() - t) * 1e3
+        for k, times in ((1, one), (TREE, tree)):
+            step(k)  # settles, as in a decoding loop
             if rnd:
-                times.append((time.perf_counter() - t) * 1e3)
+                times.append(step(k))
         if rnd:
-            prefill.append((t1 - t0) * 1e3)
-    spread = max(max(v) / min(v) for v in (step, tree))
-    timing = Timing(statistics.median(step), statistics.median(tree), statistics.median(prefill))
+            prefill.append(ms)
+    spread = max(max(v) / min(v) for v in (one, tree))
+    timing = Timing(statistics.median(one), statistics.median(tree), statistics.median(prefill))
     return timing, rounds > 1 and spread > NOISE_LIMIT
 
 
@@ -163,15 +169,14 @@ def measure(model: torch.nn.Module, names: list[str], rule: RunMode) -> tuple[di
     timings: dict[str, Timing] = {}
     noisy = False
     for name in names:
-        loaded, copied = _variant(model, name, rule)
         try:
-            timings[name], busy = time_mode(loaded)
+            weights, packing = _weights(model, name, rule)
+            timings[name], busy = time_mode(weights, packing)
             noisy = noisy or busy
         except Exception as err:  # noqa: BLE001 - a mode that cannot run here is not a candidate
             log.info("Mode %s cannot run this model here (%s); it is not a candidate.", name, err)
         finally:
-            if copied:
-                del loaded
+            weights = None  # a bf16 copy goes now
     return timings, noisy
 
 

@@ -35,8 +35,8 @@ class Timed:
         self.costs, self.noisy, self.failing, self.calls = costs, noisy, failing, []
         monkeypatch.setattr(mode_choice, "time_mode", self)
 
-    def __call__(self, loaded, rounds=mode_choice.ROUNDS):
-        name = runmode.mode_name(loaded.dtype, loaded.packing)
+    def __call__(self, model, packing, rounds=mode_choice.ROUNDS):
+        name = runmode.mode_name(next(model.parameters()).dtype, packing)
         self.calls.append(name)
         if name == self.failing:
             raise ValueError("cannot run here")
@@ -109,17 +109,16 @@ def test_a_changed_file_is_measured_again(tiny, monkeypatch):
 
 
 def test_each_candidate_is_timed_on_the_model_itself(tiny):
-    """The real timings: both candidates measured, steps and prefill positive, the choice the cheaper."""
-    loaded = load_model(str(tiny), "cpu")
-    (kept,) = kept_files() or [None]
-    if kept is None:
-        pytest.skip("the timings were too noisy to keep on this busy machine")
-    data = json.loads(kept.read_text())
-    timings = {name: mode_choice.Timing(**t) for name, t in data["timings"].items()}
-    assert sorted(timings) == sorted([rule(), "gguf"])
+    """The real timings: both candidates run on the model's weights, steps and prefill take time, and the load runs
+    the model in a candidate's mode with weights of its dtype."""
+    loaded = load_model(str(tiny), "cpu", "float32")
+    names = [rule(), "gguf"]
+    timings, _ = mode_choice.measure(loaded.model, names, runmode.decide("cpu", None, gguf=True))
+    assert sorted(timings) == sorted(names)
     assert all(t.step_ms > 0 and t.tree_ms > 0 and t.prefill_ms > 0 for t in timings.values())
-    assert loaded.mode == data["mode"] == mode_choice.choose(timings)
-    assert next(loaded.model.parameters()).dtype == loaded.dtype
+    assert next(loaded.model.parameters()).dtype == torch.float32  # a bf16 candidate times a copy
+    chosen = load_model(str(tiny), "cpu")
+    assert chosen.mode in names and next(chosen.model.parameters()).dtype == chosen.dtype
 
 
 def test_choose_takes_the_cheapest_steps_and_the_rule_on_a_tie():
