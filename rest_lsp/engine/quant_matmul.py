@@ -28,6 +28,13 @@ bit. Paths, by what the compiler targets (`-march`): AVX-512 VNNI (zmm, up to 12
 block's weights in registers), AVX-VNNI (ymm), AVX2 (`vpmaddubsw` over |w| and x signed as w, no saturation
 since |x| <= 127), portable C. The panels are split between torch's OpenMP threads as in panel_matmul.py.
 
+A prefill's many rows run on AMX-INT8 tiles where the CPU has them (compiled for a target with AMX-INT8, the tile
+state granted to the process by Linux; from `amx_rows()` rows a call): a panel's blocks unpacked once to their
+signed quants (a block is one B tile, 8 x 64 bytes), then per 16 rows and block one TDPBSSD of the rows' 32 quants
+(an A tile) makes the block's exact int32 sums, the very integers the VNNI tiles make, and each row then takes the
+VNNI tiles' float operations on them in their order. Same integers, same float operations: the same results bit
+for bit, whichever tiles a row ran on and whatever rows were beside it (`without_amx` turns them off to compare).
+
 Built, kept and loaded by panel_matmul's one path (`panel_matmul.build_and_load`: its compiler, a cache folder of
 this user's alone, a key over every flag, -march and OpenMP's included, the sha256 recorded at build time checked
 before the library is loaded), then checked against a reference product before use; where it cannot be built or
@@ -36,6 +43,7 @@ the cache folder is not this user's alone, `available()` is False.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
@@ -101,11 +109,50 @@ typedef long long idx;
 #define MT 4
 #endif
 
+/* AMX-INT8 tiles for many rows: compiled where the target has them (Linux, which grants their state per process) */
+#if QM_PATH == 3 && defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__linux__)
+#define QM_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define QM_AMX 0
+#endif
+#ifndef AMX_ROWS
+#define AMX_ROWS 8 /* calls of at least this many rows run on the tiles */
+#endif
+#ifndef AMX_CHUNK
+#define AMX_CHUNK (1024 * 1024) /* at most these bytes of the rows' quants a thread's panels pass over at a time */
+#endif
+#ifndef AMX_OUT
+#define AMX_OUT (1536 * 1024) /* and at most these bytes of their output rows */
+#endif
+
 static idx panel_bytes(idx nb, int bits) { return nb * BYTES(bits) + (nb * NB * 2 + 63) / 64 * 64; }
 
 /* the rows quantized per block: xq [m][nb*32], xd [m][nb] (scales), xs [m][nb] (sums of the quants) */
 static void quantize_rows(const float *x, idx m, idx k, idx nb, int8_t *xq, float *xd, int32_t *xs) {
     for (idx r = 0; r < m; r++) {
+#if QM_PATH == 3
+        /* the same operations 16 lanes at a time: max (a > amax ? a : amax, lane by lane, then over the lanes: the
+           same maximum), d and 1 / d as below, v * id rounded to the nearest (ties to even, as nearbyintf), the
+           int32 summed and cut to int8 as below */
+        for (idx b = 0; b < nb; b++) {
+            idx j = b * QK, left = k - j;
+            __mmask16 m0 = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            __mmask16 m1 = left >= 32 ? 0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+            __m512 v0 = _mm512_maskz_loadu_ps(m0, x + r * k + j), v1 = _mm512_maskz_loadu_ps(m1, x + r * k + j + 16);
+            __m512 amax = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_setzero_ps());
+            amax = _mm512_max_ps(_mm512_abs_ps(v1), amax);
+            float d = _mm512_reduce_max_ps(amax) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+            __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+            _mm_storeu_si128((__m128i *)(xq + r * nb * QK + j), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(xq + r * nb * QK + j + 16), _mm512_cvtepi32_epi8(q1));
+            xd[r * nb + b] = d;
+            xs[r * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        }
+        continue;
+#endif
         for (idx b = 0; b < nb; b++) {
             float v[QK], amax = 0.0f;
             for (int i = 0; i < QK; i++) {
@@ -323,10 +370,159 @@ MORE_TILES(8) MORE_TILES(5) MORE_TILES(4)
 typedef void (*tile_fn)(const int8_t *, const float *, const int32_t *, idx, const uint8_t *, int, float *);
 static const tile_fn tiles8[MT + 1] = ROW(8), tiles5[MT + 1] = ROW(5), tiles4[MT + 1] = ROW(4);
 
+static int amx_wanted = 1; /* quant_set_amx */
+
+#if QM_AMX
+/* AMX: per panel, its blocks unpacked once to the signed quants q, 8 groups x 16 columns x 4 k a block: a B tile of
+   8 rows x 64 bytes. Per 16 rows and block, C [16][16] int32 = A (the rows' 32 quants of the block, 16 rows x 32
+   bytes, `amx_layout`) x B by TDPBSSD: each the exact sum of the block's 32 products, the very integer the VNNI
+   tiles make (q + offset dotted, the offset taken back out). Then per row the VNNI tiles' float operations in their
+   order: cvt, scale = dw x dx, one fused multiply-add, blocks in k order: the same bits. */
+static int amx_granted = -1; /* -1: not asked yet; 0: refused; 1: this process may use the tile data */
+
+static int amx_usable(void) {
+    int ok = __atomic_load_n(&amx_granted, __ATOMIC_ACQUIRE);
+    if (ok < 0) {
+        ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+        __atomic_store_n(&amx_granted, ok, __ATOMIC_RELEASE);
+    }
+    return ok;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* palette 1; tiles 0-3: C, 16 rows x 16 int32 (4 blocks in flight); 4, 6: A, 16 rows x 32 bytes; 5, 7: B, 8 rows x
+   64 bytes. Per thread. */
+static void amx_start(void) {
+    tile_config cfg __attribute__((aligned(64)));
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = t < 4 || t % 2 == 0 ? 16 : 8;
+        cfg.colsb[t] = t < 4 ? 64 : t % 2 == 0 ? QK : 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* a panel's nb blocks of `bits` as signed quants: sq [nb][512], each block a B tile */
+static void amx_unpack(const uint8_t *p, idx nb, int bits, int8_t *sq) {
+    const __m512i off = _mm512_set1_epi8((char)OFFSET(bits));
+    for (idx b = 0; b < nb; b++) {
+        __m512i w[8];
+        if (bits == 8) unpack(p + b * BYTES(8), 8, w);
+        else if (bits == 5) unpack(p + b * BYTES(5), 5, w);
+        else unpack(p + b * BYTES(4), 4, w);
+        for (int g = 0; g < 8; g++) _mm512_store_si512((void *)(sq + b * BQ + 64 * g), _mm512_sub_epi8(w[g], off));
+    }
+}
+
+/* 16 rows' quants xa [nb][16][32] and scales xda [nb][16] (`amx_layout`; only the first R <= 16 rows are the
+   call's) times one panel's signed blocks sq with scales sc [nb][16]; out [R][NB]. Block b's sums are made (C tile
+   b % 4; A and B tiles 4, 5 or 6, 7) and stored into c [b % 8] around the float steps of block b - 4. */
+#define AMX_SUMS(C, A, B, b)                                                                                  \
+    if ((b) < nb) {                                                                                           \
+        _tile_zero(C);                                                                                        \
+        _tile_loadd(A, xa + (b) * BQ, QK);                                                                    \
+        _tile_loadd(B, sq + (b) * BQ, 64);                                                                    \
+        _tile_dpbssd(C, A, B);                                                                                \
+    }
+#define AMX_STORE(C, b) if ((b) < nb) _tile_stored(C, c[(b) % 8], NB * 4);
+#define AMX_FLOAT(b)                                                                                          \
+    if ((b) < nb) {                                                                                           \
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (b) * NB)));                    \
+        _Pragma("GCC unroll 16")                                                                              \
+        for (int r = 0; r < R; r++) {                                                                         \
+            __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xda[(b) * 16 + r]));                              \
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)c[(b) % 8][r])),     \
+                                     scale, acc[r]);                                                          \
+        }                                                                                                     \
+    }
+INLINE void amx_rows(const int8_t *xa, const float *xda, idx nb, const int8_t *sq, const uint16_t *sc, int R,
+                     float *out) {
+    __m512 acc[16];
+    int32_t c[8][16][NB] __attribute__((aligned(64)));
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    AMX_SUMS(0, 4, 5, 0) AMX_SUMS(1, 6, 7, 1) AMX_SUMS(2, 4, 5, 2) AMX_SUMS(3, 6, 7, 3)
+    AMX_STORE(0, 0) AMX_STORE(1, 1) AMX_STORE(2, 2) AMX_STORE(3, 3)
+    for (idx b = 0; b < nb; b += 4) {
+        AMX_SUMS(0, 4, 5, b + 4) AMX_FLOAT(b) AMX_STORE(0, b + 4)
+        AMX_SUMS(1, 6, 7, b + 5) AMX_FLOAT(b + 1) AMX_STORE(1, b + 5)
+        AMX_SUMS(2, 4, 5, b + 6) AMX_FLOAT(b + 2) AMX_STORE(2, b + 6)
+        AMX_SUMS(3, 6, 7, b + 7) AMX_FLOAT(b + 3) AMX_STORE(3, b + 7)
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * NB, acc[r]);
+}
+#undef AMX_SUMS
+#undef AMX_STORE
+#undef AMX_FLOAT
+
+/* the rows' quants and scales by 16 rows: xa [G][nb][16][32] (an A tile a block), xda [G][nb][16], G = ceil(m / 16),
+   the rows past m zeros */
+static void amx_layout(const int8_t *xq, const float *xd, idx m, idx nb, int8_t *xa, float *xda) {
+    idx G = (m + 15) / 16;
+    for (idx g = 0; g < G; g++)
+        for (idx b = 0; b < nb; b++)
+            for (idx r = 0; r < 16; r++) {
+                idx row = g * 16 + r, at = (g * nb + b) * 16 + r;
+                if (row < m) {
+                    memcpy(xa + at * QK, xq + (row * nb + b) * QK, QK);
+                    xda[at] = xd[row * nb + b];
+                } else {
+                    memset(xa + at * QK, 0, QK);
+                    xda[at] = 0.0f;
+                }
+            }
+}
+#endif
+
+/* out [r][NB] (+ bias) -> y's rows m0.. at columns c0.. (cols of them) */
+static void emit(const float *out, idx r, float *y, idx m0, idx n, idx c0, idx cols, const float *bias) {
+    for (idx i = 0; i < r; i++) {
+        float *row = y + (m0 + i) * n + c0;
+        for (idx c = 0; c < cols; c++) row[c] = bias ? out[i * NB + c] + bias[c0 + c] : out[i * NB + c];
+    }
+}
+
+/* panels [first, last) for all m rows: on AMX tiles where xa (`amx_layout`) is given, else the tiles of MT rows */
 static void panels(const int8_t *xq, const float *xd, const int32_t *xs, idx m, idx nb, const uint8_t *w, idx n,
-                   int bits, const float *bias, float *y, idx first, idx last) {
-    float out[MT * NB];
+                   int bits, const float *bias, float *y, idx first, idx last, const int8_t *xa, const float *xda) {
+    float out[16 * NB];
     idx stride = panel_bytes(nb, bits);
+#if QM_AMX
+    int8_t *sq = xa && first < last ? aligned_alloc(64, (size_t)(nb * BQ)) : NULL;
+    if (sq) {
+        /* the rows in chunks whose quants and outputs stay in the core's cache while the panels pass; each panel
+           unpacked once a chunk */
+        idx G = (m + 15) / 16, chunk = AMX_CHUNK / (nb * BQ), outs = AMX_OUT / (16 * n * (idx)sizeof(float));
+        chunk = outs < chunk ? outs : chunk;
+        if (chunk < 1) chunk = 1;
+        amx_start();
+        for (idx g0 = 0; g0 < G; g0 += chunk) {
+            idx g1 = G - g0 < chunk ? G : g0 + chunk;
+            for (idx q = first; q < last; q++) {
+                const uint8_t *p = w + q * stride;
+                idx c0 = q * NB, cols = n - c0 < NB ? n - c0 : NB;
+                amx_unpack(p, nb, bits, sq);
+                const uint16_t *sc = (const uint16_t *)(p + nb * BYTES(bits));
+                for (idx g = g0; g < g1; g++) {
+                    idx r = m - g * 16 < 16 ? m - g * 16 : 16;
+                    if (r == 16) amx_rows(xa + g * nb * BQ, xda + g * nb * 16, nb, sq, sc, 16, out);
+                    else amx_rows(xa + g * nb * BQ, xda + g * nb * 16, nb, sq, sc, (int)r, out);
+                    emit(out, r, y, g * 16, n, c0, cols, bias);
+                }
+            }
+        }
+        _tile_release();
+        free(sq);
+        return;
+    }
+#else
+    (void)xa; (void)xda;
+#endif
     const tile_fn *tiles = bits == 8 ? tiles8 : bits == 5 ? tiles5 : tiles4;
     for (idx q = first; q < last; q++) {
         const uint8_t *p = w + q * stride;
@@ -334,38 +530,48 @@ static void panels(const int8_t *xq, const float *xd, const int32_t *xs, idx m, 
         for (idx m0 = 0; m0 < m; m0 += MT) {
             idx r = m - m0 < MT ? m - m0 : MT;
             tiles[r](xq + m0 * nb * QK, xd + m0 * nb, xs + m0 * nb, nb, p, m0 == 0, out);
-            for (idx i = 0; i < r; i++) {
-                float *row = y + (m0 + i) * n + c0;
-                for (idx c = 0; c < cols; c++) row[c] = bias ? out[i * NB + c] + bias[c0 + c] : out[i * NB + c];
-            }
+            emit(out, r, y, m0, n, c0, cols, bias);
         }
     }
 }
 
 /* y [m, n] = x [m, k] quantized per block of 32 times the weight given as panels of `bits`-bit blocks (8, 5 or 4:
-   `pack`), + bias (may be NULL); on `threads` threads. 0, -1 when the scratch memory could not be had, -2 for
-   another width */
+   `pack`), + bias (may be NULL); on `threads` threads. 0, or 1 where the rows ran on AMX tiles; -1 when the scratch
+   memory could not be had, -2 for another width */
 int quant_mm(const float *x, idx m, idx k, const uint8_t *w, idx n, int bits, const float *bias, float *y,
              int threads) {
     if (bits != 8 && bits != 5 && bits != 4) return -2;
     idx nb = (k + QK - 1) / QK, count = (n + NB - 1) / NB;
-    int8_t *xq = malloc((size_t)(m * nb * QK) + 1);
+#if QM_AMX
+    int amx = m >= AMX_ROWS && __atomic_load_n(&amx_wanted, __ATOMIC_RELAXED) && amx_usable();
+#else
+    int amx = 0;
+#endif
+    idx mp = amx ? (m + 15) / 16 * 16 : 0; /* the AMX tiles read rows in 16s: the rows past m are zeros */
+    int8_t *xq = malloc((size_t)(m * nb * QK) + 1), *xa = amx ? aligned_alloc(64, (size_t)(mp * nb * QK)) : NULL;
+    float *xda = amx ? malloc(sizeof(float) * (size_t)(mp * nb)) : NULL;
     float *xd = malloc(sizeof(float) * (size_t)(m * nb) + 1);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)(m * nb) + 1);
-    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -1; }
-    quantize_rows(x, m, k, nb, xq, xd, xs);
+    if (!xq || !xd || !xs || (amx && (!xa || !xda))) { free(xq); free(xd); free(xs); free(xa); free(xda); return -1; }
+#ifdef _OPENMP
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m >= 16 && m * k >= 65536)
+#endif
+    for (idx r = 0; r < m; r++) quantize_rows(x + r * k, 1, k, nb, xq + r * nb * QK, xd + r * nb, xs + r * nb);
+#if QM_AMX
+    if (amx) amx_layout(xq, xd, m, nb, xa, xda);
+#endif
 #ifdef _OPENMP
     #pragma omp parallel num_threads(threads) if (threads > 1 && count > 1 && m * k * n >= 65536)
     {
         idx t = omp_get_thread_num(), T = omp_get_num_threads();
-        panels(xq, xd, xs, m, nb, w, n, bits, bias, y, count * t / T, count * (t + 1) / T);
+        panels(xq, xd, xs, m, nb, w, n, bits, bias, y, count * t / T, count * (t + 1) / T, xa, xda);
     }
 #else
     (void)threads;
-    panels(xq, xd, xs, m, nb, w, n, bits, bias, y, 0, count);
+    panels(xq, xd, xs, m, nb, w, n, bits, bias, y, 0, count, xa, xda);
 #endif
-    free(xq); free(xd); free(xs);
-    return 0;
+    free(xq); free(xd); free(xs); free(xa); free(xda);
+    return amx;
 }
 
 /* the rows' quantization alone (for the tests' reference) */
@@ -374,6 +580,21 @@ void quant_rows(const float *x, idx m, idx k, int8_t *xq, float *xd, int32_t *xs
 }
 
 int quant_path(void) { return QM_PATH; }
+
+/* 1 where the AMX tiles are compiled in and this process may use them (asked of the kernel once) */
+int quant_amx(void) {
+#if QM_AMX
+    return amx_usable();
+#else
+    return 0;
+#endif
+}
+
+/* calls of at least quant_amx_rows() rows run on the AMX tiles while on (the default) and quant_amx(); the bits
+   are the same either way. Returns the setting before. */
+int quant_set_amx(int on) { return __atomic_exchange_n(&amx_wanted, on != 0, __ATOMIC_RELAXED); }
+
+int quant_amx_rows(void) { return AMX_ROWS; }
 
 int quant_threaded(void) {
 #ifdef _OPENMP
@@ -385,6 +606,7 @@ int quant_threaded(void) {
 """
 
 PATHS = {3: "AVX-512 VNNI", 2: "AVX-VNNI", 1: "AVX2", 0: "portable C"}
+AMX = "AMX-INT8"  # what path_name adds where the library's many-row calls run on AMX tiles
 # -ffp-contract=off: every multiply and add rounds where the source says (the fused ones are written as such)
 FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")
 NATIVE = "-march=native"
@@ -414,23 +636,48 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.quant_rows.restype = None
     lib.quant_path.restype = ctypes.c_int
     lib.quant_threaded.restype = ctypes.c_int
+    lib.quant_amx.restype = ctypes.c_int
+    lib.quant_set_amx.argtypes = [ctypes.c_int]
+    lib.quant_set_amx.restype = ctypes.c_int
+    lib.quant_amx_rows.restype = ctypes.c_int
     return lib
 
 
 def _checked(lib: ctypes.CDLL) -> ctypes.CDLL:
     """`lib` once it computes a small product with partial panels, blocks and tiles as the reference does, at
-    every width (ValueError if not): a compiler that miscompiles it must not reach a step."""
+    every width (ValueError if not): a compiler that miscompiles it must not reach a step. Where it has AMX tiles,
+    a product of enough rows for them (full and partial 16-row tiles) too, and bit for bit as without them."""
     gen = torch.Generator().manual_seed(0)
-    weight, bias, x = (torch.randn(*shape, generator=gen) for shape in ((50, 70), (50,), (13, 70)))
+    rows = 13 if not lib.quant_amx() else lib.quant_amx_rows() + 37  # 16-row tiles: full ones and a partial one
+    weight, bias, x = (torch.randn(*shape, generator=gen) for shape in ((50, 200), (50,), (rows, 200)))
+
+    def product(bits: int, panels: torch.Tensor, m: int, amx: bool) -> torch.Tensor:
+        got = torch.empty(m, 50)
+        before = lib.quant_set_amx(int(amx))
+        try:
+            ran = lib.quant_mm(x.data_ptr(), m, 200, panels.data_ptr(), 50, bits, bias.data_ptr(), got.data_ptr(), 1)
+        finally:
+            lib.quant_set_amx(before)
+        if ran < 0:
+            raise ValueError("it could not allocate its scratch memory")
+        if ran != amx:
+            raise ValueError(f"its {m} rows ran {'without' if amx else 'on'} AMX tiles")
+        return got
+
     for bits in BITS:
         q, d = quantize_q8_0(weight)
         if bits != 8:
             q = q.clamp(-OFFSETS[bits], OFFSETS[bits] - 1)
-        panels, got = pack_blocks(q, d, bits), torch.empty(13, 50)
-        if lib.quant_mm(x.data_ptr(), 13, 70, panels.data_ptr(), 50, bits, bias.data_ptr(), got.data_ptr(), 1) != 0:
-            raise ValueError("it could not allocate its scratch memory")
-        if not torch.allclose(got, reference_blocks(x, q, d, bias), rtol=1e-5, atol=1e-4):
+        panels, want = pack_blocks(q, d, bits), reference_blocks(x, q, d, bias)
+        got = product(bits, panels, 13, False)
+        if not torch.allclose(got, want[:13], rtol=1e-5, atol=1e-4):
             raise ValueError(f"its results differ from the reference's ({bits}-bit blocks)")
+        if lib.quant_amx():
+            tiles = product(bits, panels, rows, True)
+            if not torch.allclose(tiles, want, rtol=1e-5, atol=1e-4):
+                raise ValueError(f"its AMX results differ from the reference's ({bits}-bit blocks)")
+            if not torch.equal(tiles, product(bits, panels, rows, False)):
+                raise ValueError(f"its AMX results are not its VNNI results bit for bit ({bits}-bit blocks)")
     if not lib.quant_threaded():
         log.warning("The quantized kernel was built without OpenMP: its matmuls run on one thread.")
     return lib
@@ -467,9 +714,41 @@ def available() -> bool:
 
 
 def path_name(lib: ctypes.CDLL | None = None) -> str:
-    """The instruction set a library's dot products run on ("AVX-512 VNNI", "AVX-VNNI", "AVX2", "portable C")."""
+    """The instruction set a library's dot products run on ("AVX-512 VNNI", "AVX-VNNI", "AVX2", "portable C"),
+    with " + AMX-INT8" where its calls of many rows run on AMX tiles (`amx_available`)."""
     lib = lib or library()
-    return PATHS[lib.quant_path()] if lib is not None else "none"
+    if lib is None:
+        return "none"
+    return PATHS[lib.quant_path()] + (f" + {AMX}" if lib.quant_amx() else "")
+
+
+def amx_available(lib: ctypes.CDLL | None = None) -> bool:
+    """Whether `lib` (the machine's own by default) has AMX-INT8 tiles compiled in and this process may use them:
+    then its calls of `amx_rows(lib)` rows or more run on them, with the same results bit for bit."""
+    lib = lib or library()
+    return lib is not None and bool(lib.quant_amx())
+
+
+def amx_rows(lib: ctypes.CDLL | None = None) -> int:
+    """The fewest rows a call runs on AMX tiles where it can."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the quantized kernel is not available on this machine")
+    return lib.quant_amx_rows()
+
+
+@contextlib.contextmanager
+def without_amx(lib: ctypes.CDLL | None = None):
+    """Within it, `lib`'s calls (from any thread: the setting is the library's) run on the VNNI tiles alone: the
+    tests compare the two."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the quantized kernel is not available on this machine")
+    before = lib.quant_set_amx(0)
+    try:
+        yield lib
+    finally:
+        lib.quant_set_amx(before)
 
 
 # -- Q8_0 blocks ---------------------------------------------------------------------------------------------------
@@ -592,7 +871,7 @@ def quant_mm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
                          f"{panels.dtype} for {n} outputs" + ("" if bias is None else f", bias [{bias.numel()}]"))
     y = torch.empty(m, n, dtype=torch.float32)
     if m and lib.quant_mm(x.data_ptr(), m, k, panels.data_ptr(), n, bits, None if bias is None else bias.data_ptr(),
-                          y.data_ptr(), torch.get_num_threads()) != 0:
+                          y.data_ptr(), torch.get_num_threads()) < 0:
         raise MemoryError("quant_mm: no scratch memory for the quantized rows")
     return y
 

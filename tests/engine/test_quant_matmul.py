@@ -1,8 +1,8 @@
 """Our Q8_0 integer kernel (rest_lsp/engine/quant_matmul.py): the product llama.cpp's Q8_0 x Q8_0 arithmetic defines,
-a row's result the same bit for bit whatever the rows beside it (one thread or two), the AVX-VNNI, AVX2 and
-portable builds equal to the machine's own bit for bit, 5- and 4-bit panels (Q5_0, Q4_0 blocks) equal to the 8-bit
-ones on the same values, a GGUF's Q8_0 blocks kept exactly, the op under TorchScript, and a library that computes
-wrong results refused."""
+a row's result the same bit for bit whatever the rows beside it (one thread or two), the AMX tiles' results the
+VNNI tiles' bit for bit, the AVX-VNNI, AVX2 and portable builds equal to the machine's own bit for bit, 5- and
+4-bit panels (Q5_0, Q4_0 blocks) equal to the 8-bit ones on the same values, a GGUF's Q8_0 blocks kept exactly, the
+op under TorchScript, and a library that computes wrong results refused."""
 
 import logging
 import warnings
@@ -53,12 +53,15 @@ def test_the_kernels_row_quantization_is_the_documented_one():
     torch.manual_seed(1)
     x = torch.randn(5, 70) * torch.tensor([1e-3, 1.0, 30.0, 0.0, 1.0])[:, None]
     x[4, 40:] = 0  # a block of zeros: scale 0, quants 0
+    x[1, 32:40] = torch.tensor([127.0, 2.5, -3.5, 0.5, -0.5, 1.5, -126.5, 64.5])  # d = 1: ties, to even
+    x[1, 40:64] = 0
     nb = 3
     xq, xd, xs = torch.empty(5, nb, 32, dtype=torch.int8), torch.empty(5, nb), torch.empty(5, nb, dtype=torch.int32)
     lib.quant_rows(x.data_ptr(), 5, 70, xq.data_ptr(), xd.data_ptr(), xs.data_ptr())
     want_q, want_d = quant_matmul.quantize_rows(x)
     assert torch.equal(xq, want_q) and torch.equal(xd, want_d)
     assert torch.equal(xs, want_q.int().sum(-1)) and xq.abs().max() == 127
+    assert xq[1, 1, :8].tolist() == [127, 2, -4, 0, 0, 2, -126, 64]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -171,6 +174,79 @@ def test_narrow_panels_give_the_8_bit_panels_bits_on_every_path(bits, march):
                 assert torch.equal(quant_matmul.quant_mm(x, narrow, n, bias, lib=lib, bits=bits), want)
             finally:
                 torch.set_num_threads(old)
+
+
+def with_amx():
+    lib = native()
+    if not quant_matmul.amx_available(lib):
+        pytest.skip(f"no usable AMX tiles in this library ({quant_matmul.path_name(lib)})")
+    return lib
+
+
+def ran_on_amx(lib, x, panels, n, bits):
+    """Whether the library ran this call's rows on its AMX tiles (quant_mm's return: 1 on them, 0 not)."""
+    y = torch.empty(x.shape[0], n)
+    ran = lib.quant_mm(x.data_ptr(), x.shape[0], x.shape[1], panels.data_ptr(), n, bits, None, y.data_ptr(), 1)
+    assert ran in (0, 1)
+    return ran == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("bits", [8, 5, 4])
+def test_the_amx_tiles_give_the_vnni_tiles_bits(bits, threads):
+    """Calls of many rows run on AMX tiles: the same exact integer sums a block, then the VNNI tiles' float
+    operations in their order, so the same results bit for bit (full and partial 16-row tiles, the rows in several
+    chunks for K = 4864, N not a multiple of 16, K a multiple of 32 or not, a block count not a multiple of 4, bias
+    or none, 1 or 2 threads)."""
+    lib = with_amx()
+    rows = quant_matmul.amx_rows(lib)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n, k in ((50, 70), (33, 896), (130, 200), (20, 4864)):
+            q, d = narrow_blocks(n, k, bits, n * k + bits)
+            panels = quant_matmul.pack_blocks(q, d, bits)
+            x = torch.randn(300, k, generator=torch.Generator().manual_seed(k))
+            x[7, 32:64] = 0  # a row block of zeros: its scale 0
+            x[20, :32] = -x[20, :32].abs()  # a quant of -127
+            assert ran_on_amx(lib, x[:rows], panels, n, bits) and not ran_on_amx(lib, x[: rows - 1], panels, n, bits)
+            with quant_matmul.without_amx(lib):
+                assert not ran_on_amx(lib, x, panels, n, bits)
+            for bias in (None, torch.randn(n, generator=torch.Generator().manual_seed(n))):
+                for m in (16, 17, 40, 300):
+                    got = quant_matmul.quant_mm(x[:m], panels, n, bias, lib=lib, bits=bits)
+                    with quant_matmul.without_amx(lib):
+                        want = quant_matmul.quant_mm(x[:m], panels, n, bias, lib=lib, bits=bits)
+                    assert torch.equal(got, want), (n, k, m, bias is not None)
+                torch.testing.assert_close(got, quant_matmul.reference_blocks(x, q, d, bias), rtol=1e-5,
+                                           atol=2e-5 * k**0.5)
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_rows_result_is_the_same_alone_and_in_a_prefill(threads):
+    """A row of a 300-row call (AMX tiles where the library has them) comes out as the row alone (a step's VNNI
+    tiles), and as among fewer rows than the AMX tiles take, bit for bit."""
+    lib = native()
+    rows = quant_matmul.amx_rows(lib)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(6)
+        for bits in (8, 5):
+            q, d = narrow_blocks(100, 900, bits, bits)
+            panels, bias = quant_matmul.pack_blocks(q, d, bits), torch.randn(100)
+            x = torch.randn(300, 900)
+            together = quant_matmul.quant_mm(x, panels, 100, bias, lib=lib, bits=bits)
+            for i in (0, 1, 15, 16, 17, 150, 287, 288, 299):
+                alone = quant_matmul.quant_mm(x[i : i + 1], panels, 100, bias, lib=lib, bits=bits)
+                assert torch.equal(alone, together[i : i + 1]), (bits, i)
+            for lo in (0, 5, 290):
+                few = quant_matmul.quant_mm(x[lo : lo + rows - 1], panels, 100, bias, lib=lib, bits=bits)
+                assert torch.equal(few, together[lo : lo + rows - 1]), (bits, lo)
+    finally:
+        torch.set_num_threads(old)
 
 
 def test_narrow_panels_hold_the_blocks_where_the_kernel_reads_them():
@@ -288,8 +364,8 @@ def fresh_library(monkeypatch, tmp_path):
 def test_a_library_that_computes_wrong_results_is_not_used(monkeypatch, fresh_library, caplog):
     if quant_matmul._compiler() is None:
         pytest.skip("no C compiler here")
-    wrong = quant_matmul.SOURCE.replace("int q = (int)nearbyintf(v[i] * id);", "int q = (int)nearbyintf(v[i] * id) / 2;")
-    assert wrong != quant_matmul.SOURCE
+    assert quant_matmul.SOURCE.count("/ 127.0f") == 2  # the scale of a row's block, scalar and AVX-512
+    wrong = quant_matmul.SOURCE.replace("/ 127.0f", "/ 63.0f")
     monkeypatch.setattr(quant_matmul, "SOURCE", wrong)
     with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.quant_matmul"):
         assert quant_matmul.library() is None
