@@ -125,7 +125,7 @@ def _weights(model: torch.nn.Module, name: str, rule: RunMode) -> tuple[torch.nn
     return weights, mode.packing
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference mode: the lean engine's fused weights become the model's own parameters
 def time_mode(model: torch.nn.Module, packing: str, rounds: int = ROUNDS) -> tuple[Timing, bool]:
     """(the medians of the lean engine's timings on `model`'s weights in `packing`, whether its rounds disagree by
     more than NOISE_LIMIT). A step is the forward pass over its tokens and the head over their rows (as a tree
@@ -180,10 +180,14 @@ def measure(model: torch.nn.Module, names: list[str], rule: RunMode) -> tuple[di
     return timings, noisy
 
 
-def forget_packs(model: torch.nn.Module, keep: str | None) -> None:
-    """Drops the lean engine's packed weights built for the losing modes (each packing keeps one in the model)."""
+def forget_packs(model: torch.nn.Module, keep: str | None, dtype: torch.dtype) -> None:
+    """Drops the lean engine's packed weights built for the losing modes (each packing keeps one in the model), and
+    its fused fp32 weights when the winner casts the model to another dtype (the cast leaves them unused)."""
     for key in [k for k in model.__dict__ if k.startswith("_lean_") and k != f"_lean_{keep}"]:
         del model.__dict__[key]
+    if dtype != next(model.parameters()).dtype:
+        for module in model.modules():
+            module.__dict__.pop("_lean_fused", None)
 
 
 def describe(choice: Choice) -> str:

@@ -265,5 +265,5 @@ def _measure_modes(model, rule, names: list[str], key: dict):
     if not noisy and len(timings) == len(names):
         mode_choice.write_cached(mode_choice.cache_file(cache_root(), key), key, choice)
     mode = decide(rule.device.type, choice.mode, gguf=True)
-    mode_choice.forget_packs(model, mode.packing)
+    mode_choice.forget_packs(model, mode.packing, mode.dtype)
     return model.to(mode.dtype), mode, choice

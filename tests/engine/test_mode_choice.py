@@ -121,6 +121,26 @@ def test_each_candidate_is_timed_on_the_model_itself(tiny):
     assert chosen.mode in names and next(chosen.model.parameters()).dtype == chosen.dtype
 
 
+@pytest.mark.parametrize("winner", ["rule", "gguf"])
+def test_after_real_timings_the_winner_decodes_and_rest_is_plain_decoding(tiny, monkeypatch, winner):
+    """Both candidates timed for real (the lean engine fused and packed the weights for each), then the winner's
+    decoder runs the model: no weight left by the loser's timing (inference tensors, fp32 fused copies), and in
+    the gguf mode REST writes what plain decoding writes."""
+    from test_exactness import assert_rest_is_plain_decoding, plain_tokens
+
+    want = rule() if winner == "rule" else "gguf"
+    monkeypatch.setattr(mode_choice, "choose", lambda timings: want)
+    loaded = load_model(str(tiny), "cpu")
+    assert loaded.mode == want
+    assert not any(p.is_inference() for p in loaded.model.parameters())
+    fused = [m.__dict__["_lean_fused"] for m in loaded.model.modules() if "_lean_fused" in m.__dict__]
+    assert all(t.dtype == loaded.dtype for parts in fused for t in parts if t is not None)
+    decoder = Decoder(loaded)
+    assert decoder.mode == want and len(plain_tokens(decoder, [1, 2, 3], 6)) == 6
+    if want == "gguf":
+        assert_rest_is_plain_decoding(decoder, decoder.vocab_size, budgets=(8,), seeds=range(1))
+
+
 def test_choose_takes_the_cheapest_steps_and_the_rule_on_a_tie():
     t = mode_choice.Timing
     assert mode_choice.choose({"bfloat16": t(40, 41, 1), "gguf": t(20, 27, 9)}) == "gguf"
