@@ -553,10 +553,7 @@ int quant_mm(const float *x, idx m, idx k, const uint8_t *w, idx n, int bits, co
     float *xd = malloc(sizeof(float) * (size_t)(m * nb) + 1);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)(m * nb) + 1);
     if (!xq || !xd || !xs || (amx && (!xa || !xda))) { free(xq); free(xd); free(xs); free(xa); free(xda); return -1; }
-#ifdef _OPENMP
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m >= 16 && m * k >= 65536)
-#endif
-    for (idx r = 0; r < m; r++) quantize_rows(x + r * k, 1, k, nb, xq + r * nb * QK, xd + r * nb, xs + r * nb);
+    quantize_rows(x, m, k, nb, xq, xd, xs);
 #if QM_AMX
     if (amx) amx_layout(xq, xd, m, nb, xa, xda);
 #endif
