@@ -77,8 +77,10 @@ def model_fingerprint(model: torch.nn.Module, name: str) -> str:
 
 
 def calibration_key(model: torch.nn.Module, name: str, device: torch.device, dtype: torch.dtype,
-                    engine: str = "transformers") -> dict:
-    return {
+                    engine: str = "transformers", kernel: str = "") -> dict:
+    """`kernel`: the instructions the engine's own kernel runs on where they change the curve (the quantized
+    kernel's tiles for many rows, e.g. "AVX-512 VNNI + AMX-INT8"); empty for the others."""
+    key = {
         "method": METHOD,
         "engine": engine,
         "machine": machine_name(device),
@@ -87,6 +89,9 @@ def calibration_key(model: torch.nn.Module, name: str, device: torch.device, dty
         "dtype": str(dtype).removeprefix("torch."),
         "torch": torch.__version__,
     }
+    if kernel:
+        key["kernel"] = kernel
+    return key
 
 
 def cache_file(cache_dir: Path, key: dict) -> Path:
@@ -232,12 +237,13 @@ def calibrate(
     force: bool = False,
     should_stop: Callable[[], bool] | None = None,
     measure: bool = True,
+    kernel: str = "",
     **measure_kw,
 ) -> Calibration | None:
-    """The cost curve of this machine, model, dtype and engine: from the cache file, else measured and saved
+    """The cost curve of this machine, model, dtype, engine and kernel: from the cache file, else measured and saved
     (with `measure=False`: None when there is no cache file to read)."""
 
-    key = calibration_key(model, name, device, dtype, engine)
+    key = calibration_key(model, name, device, dtype, engine, kernel)
     path = cache_file(cache_dir, key)
     ms = None if force else read_cached(path, key)
     source = "cache"

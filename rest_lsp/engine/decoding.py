@@ -323,6 +323,7 @@ class Decoder:
         found = calibrate(self.model, self.name, self.device, self.dtype,
                           cache_root() if cache_dir is None else cache_dir, self.step_timer,
                           engine=self.engine, force=force, should_stop=should_stop, measure=measure,
+                          kernel=self.kernel,
                           **measure_kw)
         if found is not None:
             self.run, self.calibration = self.run.measured(found.curve), found
@@ -337,6 +338,16 @@ class Decoder:
     def step_cost(self) -> list[float]:
         """The step-cost curve tree sizing uses now (the measured one once calibrate() has run)."""
         return self.run.step_cost
+
+    @property
+    def kernel(self) -> str:
+        """The instructions the quantized modes' integer kernel runs on here ("" for the other engines): a step-cost
+        curve measured on other instructions (before AMX tiles, say) is measured again."""
+        if self.lean is None or self.lean.packing not in ("q8", "gguf"):
+            return ""
+        from rest_lsp.engine import quant_matmul
+
+        return quant_matmul.path_name()
 
     @property
     def engine(self) -> str:

@@ -48,6 +48,25 @@ def test_cache_round_trip(decoder, tmp_path):
     assert second.ms == first.ms and second.curve == first.curve and again.step_cost == first.curve
 
 
+def test_a_curve_measured_on_other_kernel_instructions_is_measured_again(tmp_path, monkeypatch):
+    """The quantized modes' curve depends on the instructions the integer kernel runs on (AMX tiles make a tree
+    step cheaper): the key names them, so a curve measured on others is not read; the other engines' keys do not
+    change."""
+    from rest_lsp.engine import quant_matmul
+
+    if not quant_matmul.available():
+        pytest.skip("no C compiler here builds the quantized kernel")
+    q8 = Decoder(tiny_model("llama"), pack="q8")
+    assert q8.kernel == quant_matmul.path_name() != "" and Decoder(tiny_model("llama")).kernel == ""
+    first = q8.calibrate(tmp_path, **QUICK)
+    assert json.loads(first.path.read_text())["key"]["kernel"] == q8.kernel
+    monkeypatch.setattr(quant_matmul, "path_name", lambda lib=None: "other instructions")
+    again = Decoder(tiny_model("llama"), pack="q8")
+    assert again.calibrate(tmp_path, measure=False) is None
+    assert again.calibrate(tmp_path, **QUICK).source == "measured"
+    assert "kernel" not in calibration_key(q8.model, "m", q8.device, q8.dtype, "lean-panel")
+
+
 def test_reading_only_never_measures(decoder, tmp_path):
     """What the server does at start: the curve measured here before, or nothing (the built-in curve stays)."""
     before = decoder.step_cost
