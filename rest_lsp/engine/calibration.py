@@ -94,9 +94,11 @@ def calibration_key(model: torch.nn.Module, name: str, device: torch.device, dty
     return key
 
 
-def cache_file(cache_dir: Path, key: dict) -> Path:
+def cache_file(cache_dir: Path, key: dict, prefix: str = "") -> Path:
+    """The file under the cache folder's calibration/ named by a hash of `key` (a `prefix` for other measurements
+    kept there: mode_choice's "mode-")."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(cache_dir) / "calibration" / f"{digest}.json"
+    return Path(cache_dir) / "calibration" / f"{prefix}{digest}.json"
 
 
 # -- measuring -----------------------------------------------------------------------------------------------------
@@ -211,15 +213,20 @@ def read_cached(path: Path, key: dict) -> dict[int, float] | None:
     return ms
 
 
+def write_json(path: Path, data: dict) -> None:
+    """Atomically: a reader sees the old file or the whole new one. OSError when it cannot be written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
 def write_cached(path: Path, key: dict, ms: dict[int, float]) -> bool:
-    """Atomically: a reader sees the old file or the whole new one."""
+    """The measured ms under `key`, atomically (`write_json`)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"key": key, "ms": {str(k): v for k, v in sorted(ms.items())},
-                       "relative": {str(k): round(v, 4) for k, v in relative_curve(ms).items()}}, f, indent=1)
-        os.replace(tmp, path)
+        write_json(path, {"key": key, "ms": {str(k): v for k, v in sorted(ms.items())},
+                          "relative": {str(k): round(v, 4) for k, v in relative_curve(ms).items()}})
         return True
     except OSError as err:
         log.warning("Could not keep the step-cost calibration in %s (%s); the next start measures again.", path, err)

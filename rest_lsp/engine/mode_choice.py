@@ -18,18 +18,16 @@ the same. Timings that disagree between rounds (busy cores) decide this load but
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
-import os
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from rest_lsp.engine import calibration
 from rest_lsp.engine.calibration import NOISE_LIMIT, machine_name
 from rest_lsp.engine.runmode import GGUF_WEIGHTS, RunMode
 
@@ -79,8 +77,7 @@ def choice_key(path: str | Path, device: torch.device, names: list[str]) -> dict
 
 
 def cache_file(cache_dir: Path, key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(cache_dir) / "calibration" / f"mode-{digest}.json"
+    return calibration.cache_file(cache_dir, key, prefix="mode-")
 
 
 def read_cached(path: Path, key: dict) -> Choice | None:
@@ -101,12 +98,8 @@ def read_cached(path: Path, key: dict) -> Choice | None:
 def write_cached(path: Path, key: dict, choice: Choice) -> None:
     """Atomically; a folder that cannot be written costs the next load a measurement, nothing else."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"key": key, "mode": choice.mode,
-                       "timings": {name: asdict(t) for name, t in choice.timings.items()}}, f, indent=1)
-        os.replace(tmp, path)
+        calibration.write_json(path, {"key": key, "mode": choice.mode,
+                                      "timings": {name: asdict(t) for name, t in choice.timings.items()}})
     except OSError as err:
         log.warning("Could not keep the mode choice in %s (%s); the next start measures again.", path, err)
 

@@ -259,11 +259,11 @@ def _measure_modes(model, rule, names: list[str], key: dict):
     log.info("Timing which mode decodes this model fastest here (%s; once per machine and model).",
              ", ".join(names))
     timings, noisy = mode_choice.measure(model, names, rule)
-    if not timings:
-        return model.to(rule.dtype), rule, None
-    choice = mode_choice.Choice(mode_choice.choose(timings), timings, "measured")
-    if not noisy and len(timings) == len(names):
-        mode_choice.write_cached(mode_choice.cache_file(cache_root(), key), key, choice)
-    mode = decide(rule.device.type, choice.mode, gguf=True)
-    mode_choice.forget_packs(model, mode.packing, mode.dtype)
+    choice, mode = None, rule  # no candidate ran: the rule's mode
+    if timings:
+        choice = mode_choice.Choice(mode_choice.choose(timings), timings, "measured")
+        if not noisy and len(timings) == len(names):
+            mode_choice.write_cached(mode_choice.cache_file(cache_root(), key), key, choice)
+        mode = decide(rule.device.type, choice.mode, gguf=True)
+    mode_choice.forget_packs(model, mode.packing, mode.dtype)  # a candidate that failed may have packed too
     return model.to(mode.dtype), mode, choice
