@@ -1,5 +1,5 @@
 """The linear layers of a step, timed for a few input rows: MKL (F.linear), oneDNN over weights packed once, and
-rest-lsp's panel kernel (rest_lsp/engine/panel_matmul.py; the fp32 default on a CPU where a C compiler built it). The
+rest-lsp's panel kernel (rest_lsp/kernels/panel_matmul.py; the fp32 default on a CPU where a C compiler built it). The
 shapes are the default model's (SmolLM2-135M): fused q/k/v, o, fused gate/up, down, and the LM head.
 
     .venv/bin/python benchmarks/bench_linear.py [--threads 2] [--rows 1,2,4,8,12,16,64,256] [--layers 30]

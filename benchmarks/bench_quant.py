@@ -1,5 +1,5 @@
 """The linear layers of a step of the code model (Qwen2.5-Coder-0.5B's shapes), timed for a few input rows on each
-weight format: Q8_0 on our integer kernel (rest_lsp/engine/quant_matmul.py; its AVX2 build too with --avx2), the same
+weight format: Q8_0 on our integer kernel (rest_lsp/kernels/quant_matmul.py; its AVX2 build too with --avx2), the same
 kernel on 5- and 4-bit panels (q5, q4: a GGUF's Q5_0 and Q4_0 blocks), fbgemm's fp16 weights (float16-weights), bf16
 weights (F.linear, the bfloat16 mode) and our fp32 panel kernel (float32).
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rest_lsp.engine import quant_matmul
+from rest_lsp.kernels import quant_matmul
 from rest_lsp.engine.lean_llama import GgufMatmul, Matmul, QuantMatmul, fp16_packs, panel_packs
 
 # Qwen2.5-Coder-0.5B: hidden 896, 14 query heads and 2 key/value heads of 64, intermediate 4864, vocabulary 151936
@@ -57,7 +57,7 @@ def layer(weight: torch.Tensor, kind: str):
         off = quant_matmul.OFFSETS[bits]
         return QuantMatmul(quant_matmul.pack_blocks(q.clamp(-off, off - 1), d, bits), weight.shape[0], None, bits)
     if kind == "q8-avx2":
-        panels, lib, n = quant_matmul.pack(weight), quant_matmul.library("-march=haswell"), weight.shape[0]
+        panels, lib, n = quant_matmul.pack(weight), quant_matmul.library("avx2"), weight.shape[0]
         return lambda x: quant_matmul.quant_mm(x, panels, n, None, lib=lib)
     if kind == "bf16":
         w = weight.to(torch.bfloat16)
@@ -206,7 +206,7 @@ def main() -> None:
     kinds = [k for k in args.kinds.split(",") if k]
     if args.avx2:
         kinds.append("q8-avx2")
-    runs = {"q8": quantum_ok, "q5": quantum_ok, "q4": quantum_ok, "q8-avx2": lambda: quant_matmul.library("-march=haswell") is not None,
+    runs = {"q8": quantum_ok, "q5": quantum_ok, "q4": quantum_ok, "q8-avx2": lambda: quant_matmul.library("avx2") is not None,
             "fp16": lambda: fp16_packs(torch.float32, cpu), "panel": lambda: panel_packs(torch.float32, cpu),
             "bf16": lambda: True}
     kinds = [k for k in kinds if runs[k]()]

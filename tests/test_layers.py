@@ -1,6 +1,6 @@
 """The package's layers, as data: each module may import only its own layer and the layers below it.
 
-The order is the README's data flow: shared helpers, the datastore, drafting, the engine, the settings, the
+The order is the README's data flow: shared helpers, the datastore, drafting, the native kernels, the engine, the settings, the
 service, then what wires them for a person (the commands and the language server), then the entry point.
 """
 
@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("shared", ("rest_lsp", "rest_lsp.errors", "rest_lsp.priority", "rest_lsp.auth")),
     ("datastore", ("rest_lsp.datastore",)),
     ("drafting", ("rest_lsp.drafting",)),
+    ("kernels", ("rest_lsp.kernels",)),
     ("engine", ("rest_lsp.engine",)),
     ("settings", ("rest_lsp.settings",)),
     ("service", ("rest_lsp.service",)),
@@ -31,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "datastore": ("torch", "transformers", "lsprotocol", "pygls"),
     "drafting": ("transformers", "lsprotocol", "pygls"),
+    "kernels": ("transformers", "lsprotocol", "pygls"),
     "engine": ("lsprotocol", "pygls"),
     "service": ("lsprotocol", "pygls"),
     "team": ("lsprotocol", "pygls"),

@@ -17,7 +17,7 @@ def test_every_cache_root_is_this_sessions_own_folder(pytestconfig):
     assert session.is_dir() and not session.resolve().is_relative_to(real.resolve())
     assert os.environ["REST_LSP_CACHE_DIR"] == str(session)  # what subprocesses inherit
     assert cache_root() == session and default_cache_dir() == session
-    from rest_lsp.engine.panel_matmul import kernel_folder
+    from rest_lsp.kernels.loader import kernel_folder
 
     assert kernel_folder().parent == session
 

@@ -345,7 +345,7 @@ class Decoder:
         curve measured on other instructions (before AMX tiles, say) is measured again."""
         if self.lean is None or self.lean.packing not in ("q8", "gguf"):
             return ""
-        from rest_lsp.engine import quant_matmul
+        from rest_lsp.kernels import quant_matmul
 
         return quant_matmul.path_name()
 

@@ -90,7 +90,7 @@ def panel_packs(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether Matmul can run on rest-lsp's own panel kernel here (CPU, fp32, a C compiler: panel_matmul.py)."""
     if device.type != "cpu" or dtype != torch.float32:
         return False
-    from rest_lsp.engine import panel_matmul
+    from rest_lsp.kernels import panel_matmul
 
     return panel_matmul.available()
 
@@ -108,7 +108,7 @@ def q8_packs(dtype: torch.dtype, device: torch.device) -> bool:
     quant_matmul.py)."""
     if device.type != "cpu" or dtype != torch.float32:
         return False
-    from rest_lsp.engine import quant_matmul
+    from rest_lsp.kernels import quant_matmul
 
     return quant_matmul.available()
 
@@ -136,14 +136,14 @@ class Matmul(torch.nn.Module):
     @torch.no_grad()
     def of(weight: torch.Tensor, bias: torch.Tensor | None, pack: str, blocks: list | None = None) -> "Matmul":
         if pack == "panel":
-            from rest_lsp.engine import panel_matmul
+            from rest_lsp.kernels import panel_matmul
 
             return PanelMatmul(panel_matmul.pack(weight), weight.shape[0],
                                None if bias is None else bias.detach().float().contiguous())
         if pack == "onednn":
             return OneDNNMatmul(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS), bias)
         if pack == "q8":
-            from rest_lsp.engine import quant_matmul
+            from rest_lsp.kernels import quant_matmul
 
             return QuantMatmul(quant_matmul.pack(weight), weight.shape[0],
                                None if bias is None else bias.detach().float().contiguous())
@@ -206,7 +206,7 @@ class GgufMatmul(Matmul):
     def of_blocks(weight: torch.Tensor, bias: torch.Tensor | None, blocks: list) -> "GgufMatmul":
         """`blocks`: (rows, gguf_blocks.Blocks or None) for consecutive row ranges of `weight`; None quantizes
         those rows to Q8_0. Neighbouring ranges of one width share a part."""
-        from rest_lsp.engine import quant_matmul
+        from rest_lsp.kernels import quant_matmul
 
         runs: list[list] = []  # [bits, quants, scales, first row, rows]
         start = 0
@@ -546,7 +546,7 @@ class LeanLlama:
         """One matmul for q, k and v, one for gate and up. The modules' own weights become views into the fused
         tensors, so the model holds its weights once and the transformers path keeps working on them. With a
         `scale`, the matmul's query rows are a scaled copy: attention then needs no scaling op per layer."""
-        from rest_lsp.engine import row_attention
+        from rest_lsp.kernels import row_attention
 
         at, mlp = layer.self_attn, layer.mlp
         q_rows = shape[0] * shape[2]

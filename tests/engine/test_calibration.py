@@ -52,7 +52,7 @@ def test_a_curve_measured_on_other_kernel_instructions_is_measured_again(tmp_pat
     """The quantized modes' curve depends on the instructions the integer kernel runs on (AMX tiles make a tree
     step cheaper): the key names them, so a curve measured on others is not read; the other engines' keys do not
     change."""
-    from rest_lsp.engine import quant_matmul
+    from rest_lsp.kernels import quant_matmul
 
     if not quant_matmul.available():
         pytest.skip("no C compiler here builds the quantized kernel")

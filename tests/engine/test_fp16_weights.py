@@ -107,7 +107,8 @@ def test_lean_engines_over_one_model_keep_their_own_packing(cpu_tiny):
 def test_the_bundled_gguf_model_loads_in_float16_weights_by_default(monkeypatch):
     """Where the CPU has no bf16 and the integer kernel does not build (else the faster of this and the gguf mode
     runs: test_mode_choice.py)."""
-    from rest_lsp.engine import quant_matmul, runmode
+    from rest_lsp.engine import runmode
+    from rest_lsp.kernels import quant_matmul
     from rest_lsp.engine.model import load_model
 
     monkeypatch.setattr(runmode, "native_bf16", lambda *a, **k: False)

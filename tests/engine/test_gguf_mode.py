@@ -16,7 +16,8 @@ import torch
 from support import tiny_model
 from test_exactness import assert_rest_is_plain_decoding, plain_tokens
 
-from rest_lsp.engine import gguf_blocks, quant_matmul, runmode
+from rest_lsp.engine import gguf_blocks, runmode
+from rest_lsp.kernels import quant_matmul
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
 from rest_lsp.engine.lean_llama import GgufMatmul, LeanLlama
 from rest_lsp.errors import ModelLoadError

@@ -149,7 +149,7 @@ def test_choose_takes_the_cheapest_steps_and_the_rule_on_a_tie():
 
 
 def test_only_a_gguf_on_a_cpu_that_builds_the_kernel_has_candidates(monkeypatch):
-    from rest_lsp.engine import quant_matmul
+    from rest_lsp.kernels import quant_matmul
 
     needs_kernel()
     cpu = runmode.decide("cpu", None, gguf=True)

@@ -9,7 +9,7 @@ in the same mode writes, with any drafts.
 import pytest
 import torch
 
-from rest_lsp.engine import quant_matmul
+from rest_lsp.kernels import quant_matmul
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
 from rest_lsp.engine.lean_llama import LeanLlama
 from test_exactness import assert_rest_is_plain_decoding, plain_tokens

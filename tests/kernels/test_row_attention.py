@@ -1,31 +1,20 @@
-"""The row-exact attention kernel (engine/row_attention.py): close to float64, and each row's result the same bits
+"""The row-exact attention kernel (kernels/row_attention.py): close to float64, and each row's result the same bits
 whatever rows share the call, wherever its keys sit (the shared past or its own tail), on every path that builds."""
 
 import pytest
 import torch
 
-from rest_lsp.engine import row_attention
+from kernel_support import library_of
+from rest_lsp.kernels import levels, row_attention
 
 MIN = torch.finfo(torch.float32).min
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("REST_LSP_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        yield
-
-
-MARCHES = (None, "-march=haswell", "-march=x86-64")  # the machine's own path, then the fallbacks
-
-
-def lib_for(march):
+def lib_for(level):
+    """The library of `level` (None: the dispatcher's), or a skip that says why."""
     if not row_attention.available():
         pytest.skip("no C compiler here builds the row-exact attention kernel")
-    lib = row_attention.library() if march is None else row_attention.library(march)
-    if lib is None:
-        pytest.skip(f"this compiler does not build {march}")
-    return lib
+    return row_attention.library() if level is None else library_of(row_attention, level)
 
 
 def random_parents(n: int, gen: torch.Generator) -> list[int]:
@@ -59,10 +48,10 @@ def caches(hkv: int, rows: int, d: int, gen: torch.Generator, capacity: int | No
 SHAPES = [(14, 2, 64), (4, 4, 16), (6, 2, 20), (3, 1, 7), (8, 2, 128)]  # Qwen2.5-0.5B's, then odd ones
 
 
-@pytest.mark.parametrize("march", MARCHES, ids=["native", "avx2", "portable"])
+@pytest.mark.parametrize("level", levels.LEVELS)
 @pytest.mark.parametrize("hq,hkv,d", SHAPES)
-def test_close_to_the_float64_reference(march, hq, hkv, d):
-    lib = lib_for(march)
+def test_close_to_the_float64_reference(level, hq, hkv, d):
+    lib = lib_for(level)
     gen = torch.Generator().manual_seed(hq * 100 + d)
     past, n = 37, 16
     k, v = caches(hkv, past + n + 5, d, gen)
@@ -76,12 +65,12 @@ def test_close_to_the_float64_reference(march, hq, hkv, d):
                           rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("march", MARCHES, ids=["native", "avx2", "portable"])
+@pytest.mark.parametrize("level", levels.LEVELS)
 @pytest.mark.parametrize("hq,hkv,d", SHAPES)
-def test_a_row_is_the_same_bits_alone_or_in_a_tree(march, hq, hkv, d):
+def test_a_row_is_the_same_bits_alone_or_in_a_tree(level, hq, hkv, d):
     """One row of a random 16-row tree, called alone with its own visible columns, gives the tree's bits; so does
     the plain step (one row, its ancestors committed before it)."""
-    lib = lib_for(march)
+    lib = lib_for(level)
     gen = torch.Generator().manual_seed(7 + d)
     for trial in range(3):
         past, n = [1, 300, 45][trial], 16
@@ -115,10 +104,10 @@ def test_every_path_computes_the_same_bits():
     q = torch.randn(hq, n, d, generator=gen) * 4
     mask = tree_mask(random_parents(n, gen))
     want = row_attention.row_attn(q, k, v, past + n, mask, past, 0.125, lib=lib_for(None))
-    for march in MARCHES[1:]:
-        lib = row_attention.library(march)
+    for level in levels.runnable():
+        lib = row_attention.library(level)
         if lib is not None:
-            assert torch.equal(row_attention.row_attn(q, k, v, past + n, mask, past, 0.125, lib=lib), want), march
+            assert torch.equal(row_attention.row_attn(q, k, v, past + n, mask, past, 0.125, lib=lib), want), level
 
 
 def test_a_causal_prefill_is_one_row_at_a_time():
@@ -170,7 +159,7 @@ def test_shapes_it_does_not_take_are_errors():
 
 @pytest.fixture()
 def q8_tiny(tiny):
-    from rest_lsp.engine import quant_matmul
+    from rest_lsp.kernels import quant_matmul
 
     if tiny.device.type != "cpu":
         pytest.skip("the quantized mode runs on a CPU")

@@ -1,4 +1,4 @@
-"""Our Q8_0 integer kernel (rest_lsp/engine/quant_matmul.py): the product llama.cpp's Q8_0 x Q8_0 arithmetic defines,
+"""Our Q8_0 integer kernel (rest_lsp/kernels/quant_matmul.py): the product llama.cpp's Q8_0 x Q8_0 arithmetic defines,
 a row's result the same bit for bit whatever the rows beside it (one thread or two), the AMX tiles' results the
 VNNI tiles' bit for bit, the AVX-VNNI, AVX2 and portable builds equal to the machine's own bit for bit, 5- and
 4-bit panels (Q5_0, Q4_0 blocks) equal to the 8-bit ones on the same values, a GGUF's Q8_0 blocks kept exactly, the
@@ -11,16 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from rest_lsp.engine import quant_matmul
 from rest_lsp.engine.lean_llama import Matmul, QuantMatmul, pick_packing, q8_packs
-
-
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    """Every library these tests build goes to a folder of their own, never the user's cache."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("REST_LSP_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        yield
+from rest_lsp.kernels import levels, loader, quant_matmul
+from kernel_support import PATHS, library_of
 
 
 def native():
@@ -84,20 +77,14 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(threads):
         torch.set_num_threads(old)
 
 
-@pytest.mark.parametrize("march,path", [("-march=alderlake", "AVX-VNNI"), ("-march=haswell", "AVX2"),
-                                        ("-march=x86-64", "portable C")])
-def test_each_instruction_set_computes_the_same_bits(march, path):
-    """The fallbacks, built here for CPUs without AVX-512 VNNI (the dot products done otherwise, the same float
-    operations after them), give the machine's own results bit for bit."""
+@pytest.mark.parametrize("level", levels.LEVELS)
+def test_each_level_computes_the_same_bits(level):
+    """Every level this CPU executes (the dot products done otherwise, the same float operations after them)
+    gives the dispatched level's results bit for bit."""
     mine = native()
-    import platform
-
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("x86 instruction sets")
-    lib = quant_matmul.library(march)
-    if lib is None:
-        pytest.skip(f"this compiler does not build {march}")
-    assert quant_matmul.path_name(lib) == path
+    lib = library_of(quant_matmul, level)
+    if levels.is_x86():
+        assert quant_matmul.path_name(lib).split(" + ")[0] == PATHS[level]
     torch.manual_seed(5)
     weight, bias = torch.randn(70, 200), torch.randn(70)
     weight[3, :32] = 0  # an all-zero block
@@ -118,13 +105,10 @@ def test_the_weight_of_minus_128_is_multiplied_right_on_every_path():
     panels = quant_matmul.pack_blocks(q, d)
     x = torch.full((2, 32), 127.0)
     want = torch.full((2, 16), -128 * 127 * 32 * 0.5)
-    for march in (None, "-march=haswell", "-march=alderlake", "-march=x86-64"):
-        lib = mine if march is None else quant_matmul.library(march)
+    for level in levels.runnable():
+        lib = quant_matmul.library(level)
         if lib is not None:
-            assert torch.equal(quant_matmul.quant_mm(x, panels, 16, None, lib=lib), want), march
-
-
-MARCHES = (None, "-march=alderlake", "-march=haswell", "-march=x86-64")  # the machine's own path, then the fallbacks
+            assert torch.equal(quant_matmul.quant_mm(x, panels, 16, None, lib=lib), want), level
 
 
 def narrow_blocks(n, k, bits, seed):
@@ -142,15 +126,13 @@ def narrow_blocks(n, k, bits, seed):
 
 
 @pytest.mark.parametrize("bits", [5, 4])
-@pytest.mark.parametrize("march", MARCHES, ids=["native", "avx-vnni", "avx2", "portable"])
-def test_narrow_panels_give_the_8_bit_panels_bits_on_every_path(bits, march):
+@pytest.mark.parametrize("level", levels.LEVELS)
+def test_narrow_panels_give_the_8_bit_panels_bits_on_every_level(bits, level):
     """A Q5_0 or Q4_0 weight on its 5- or 4-bit panels computes, bit for bit, what the 8-bit kernel computes on the
     same values as int8 blocks, on every instruction set built here; and a row's result is the same alone or among
     up to 16 rows (odd N, K = 896 = 28 blocks, K not a multiple of 32, bias or none)."""
     mine = native()
-    lib = mine if march is None else quant_matmul.library(march)
-    if lib is None:
-        pytest.skip(f"this compiler does not build {march}")
+    lib = library_of(quant_matmul, level)
     for n, k in ((16, 32), (50, 70), (33, 896), (7, 100)):
         q, d = narrow_blocks(n, k, bits, n * k)
         narrow, wide = quant_matmul.pack_blocks(q, d, bits), quant_matmul.pack_blocks(q, d, 8)
@@ -356,25 +338,26 @@ def test_input_that_does_not_fit_the_panels_is_refused():
 
 @pytest.fixture
 def fresh_library(monkeypatch, tmp_path):
-    monkeypatch.setattr(quant_matmul, "_libraries", {})
-    monkeypatch.setattr(quant_matmul, "kernel_folder", lambda: tmp_path / "kernels")
-    return tmp_path / "kernels"
+    quant_matmul.KERNEL.forget()
+    monkeypatch.setattr(loader, "kernel_folder", lambda: tmp_path / "kernels")
+    yield tmp_path / "kernels"
+    quant_matmul.KERNEL.forget()
 
 
 def test_a_library_that_computes_wrong_results_is_not_used(monkeypatch, fresh_library, caplog):
-    if quant_matmul._compiler() is None:
+    if loader._compiler() is None:
         pytest.skip("no C compiler here")
-    assert quant_matmul.SOURCE.count("/ 127.0f") == 2  # the scale of a row's block, scalar and AVX-512
-    wrong = quant_matmul.SOURCE.replace("/ 127.0f", "/ 63.0f")
-    monkeypatch.setattr(quant_matmul, "SOURCE", wrong)
-    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.quant_matmul"):
+    assert quant_matmul.KERNEL.source.count("/ 127.0f") == 2  # the scale of a row's block, scalar and AVX-512
+    wrong = quant_matmul.KERNEL.source.replace("/ 127.0f", "/ 63.0f")
+    monkeypatch.setattr(quant_matmul.KERNEL, "source", wrong)
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.kernels.loader"):
         assert quant_matmul.library() is None
         assert not quant_matmul.available() and not q8_packs(torch.float32, torch.device("cpu"))
     assert "its results differ from the reference's" in caplog.text
 
 
 def test_without_a_compiler_there_is_no_quantized_mode(monkeypatch, fresh_library):
-    monkeypatch.setattr(quant_matmul, "_compiler", lambda: None)
+    monkeypatch.setattr(loader, "_compiler", lambda: None)
     assert quant_matmul.library() is None
     with pytest.raises(ValueError, match="q8 cannot pack"):
         pick_packing("q8", torch.float32, torch.device("cpu"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from support import tiny_model
 
-from rest_lsp.engine import panel_matmul
+from rest_lsp.kernels import panel_matmul
 from rest_lsp.engine.decoding import Decoder
 from rest_lsp.engine.lean_llama import fp16_packs, onednn_packs, q8_packs
 from rest_lsp.engine.runmode import PACKINGS

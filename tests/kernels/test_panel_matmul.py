@@ -1,4 +1,4 @@
-"""Our fp32 panel kernel (rest_lsp/engine/panel_matmul.py): what F.linear computes, to fp32 rounding; a row's result the
+"""Our fp32 panel kernel (rest_lsp/kernels/panel_matmul.py): what F.linear computes, to fp32 rounding; a row's result the
 same bit for bit whatever the number of rows beside it; the op under TorchScript; and without a compiler, oneDNN."""
 
 import logging
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rest_lsp.engine import panel_matmul
+from rest_lsp.kernels import levels, loader, panel_matmul
 from rest_lsp.engine.lean_llama import Matmul, PanelMatmul, pick_packing
 
 needs_kernel = pytest.mark.skipif(not panel_matmul.available(), reason="no C compiler here builds the panel kernel")
@@ -83,14 +83,15 @@ def test_fp32_on_a_cpu_picks_the_panel_kernel():
 @pytest.fixture
 def fresh_library(monkeypatch, tmp_path):
     """The kernel looked for again, built into an empty folder."""
-    monkeypatch.setattr(panel_matmul, "_library", [])
-    monkeypatch.setattr(panel_matmul, "kernel_folder", lambda: tmp_path / "kernels")
-    return tmp_path / "kernels"
+    panel_matmul.KERNEL.forget()
+    monkeypatch.setattr(loader, "kernel_folder", lambda: tmp_path / "kernels")
+    yield tmp_path / "kernels"
+    panel_matmul.KERNEL.forget()
 
 
 def test_without_a_compiler_the_step_runs_on_onednn_and_says_so_once(monkeypatch, fresh_library, caplog):
-    monkeypatch.setattr(panel_matmul, "_compiler", lambda: None)
-    with caplog.at_level(logging.INFO, logger="rest_lsp.engine.panel_matmul"):
+    monkeypatch.setattr(loader, "_compiler", lambda: None)
+    with caplog.at_level(logging.INFO, logger="rest_lsp.kernels.loader"):
         assert panel_matmul.library() is None
         assert not panel_matmul.available()
     assert [r.getMessage() for r in caplog.records] == [
@@ -110,12 +111,12 @@ def test_a_compiler_that_fails_leaves_onednn_with_one_warning(monkeypatch, fresh
                        "echo 'broken-cc: error: cannot compile' >&2\necho 'compilation terminated.' >&2\nexit 1\n")
     failing.chmod(0o755)
     monkeypatch.setenv("CC", str(failing))
-    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.panel_matmul"):
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.kernels.loader"):
         assert panel_matmul.library() is None
         assert panel_matmul.library() is None  # tried once
     assert [r.getMessage() for r in caplog.records] == [
-        f"The panel kernel could not be built with {failing} (broken-cc: error: cannot compile): fp32 steps run "
-        "without it (on oneDNN where torch has it)."]
+        f"The panel_matmul kernel ({levels.chosen()} level) could not be built with {failing} (broken-cc: error: "
+        "cannot compile): fp32 steps run without rest-lsp's panel kernel (on oneDNN where torch has it)."]
     assert not any(fresh_library.glob("*.so"))
 
 
@@ -125,7 +126,7 @@ def test_the_kernel_is_built_once_and_kept(monkeypatch, fresh_library):
     assert lib is not None
     built = list(fresh_library.glob("panel_matmul-*.so"))
     assert len(built) == 1 and not [p for p in fresh_library.iterdir() if p.is_dir()]  # no temporary folder left
-    monkeypatch.setattr(panel_matmul, "_library", [])
+    panel_matmul.KERNEL.forget()
     stamp = built[0].stat().st_mtime_ns
     assert panel_matmul.library() is not None
     assert built[0].stat().st_mtime_ns == stamp  # loaded from the cache, not built again
@@ -134,8 +135,10 @@ def test_the_kernel_is_built_once_and_kept(monkeypatch, fresh_library):
 @needs_kernel
 def test_a_library_that_computes_wrong_results_is_not_used(monkeypatch, fresh_library, caplog):
     """A miscompiled kernel must never reach the exact mode: the library is checked against F.linear first."""
-    monkeypatch.setattr(panel_matmul, "SOURCE", panel_matmul.SOURCE.replace("lo[i] += b * w0;", "lo[i] += b * w0 * 2;"))
-    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.panel_matmul"):
+    wrong = panel_matmul.KERNEL.source.replace("lo[i] += b * w0;", "lo[i] += b * w0 * 2;")
+    assert wrong != panel_matmul.KERNEL.source
+    monkeypatch.setattr(panel_matmul.KERNEL, "source", wrong)
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.kernels.loader"):
         assert panel_matmul.library() is None
     assert "its results differ from F.linear's" in caplog.text
 
@@ -172,7 +175,7 @@ def test_where_a_compiler_exists_fp32_steps_run_on_the_kernel_built_with_openmp(
     from support import tiny_model
     from rest_lsp.engine.decoding import Decoder
 
-    if panel_matmul._compiler() is None:
+    if loader._compiler() is None:
         pytest.skip("no C compiler here (CC, cc, gcc): the steps run on oneDNN, as " +
                     "test_without_a_compiler_the_step_runs_on_onednn_and_says_so_once checks")
     lib = panel_matmul.library()

@@ -1,0 +1,9 @@
+"""Our native kernels: C sources (*.c), built per instruction-set level and dispatched by the CPU.
+
+levels.py: the levels, what the CPU must report for each, which one runs (REST_LSP_KERNEL_LEVEL forces one).
+loader.py: the one path a kernel is built, cached, checksummed, loaded, bound, checked and registered as a torch op.
+panel_matmul.py, quant_matmul.py, row_attention.py: each kernel's Python side (packing, binding, reference, op).
+
+Knows: torch tensors, the CPU's instruction sets, the C compiler, the cache folder.
+Never imports: `rest_lsp.engine` and every layer above it (no model, no tokenizer, no editor).
+"""

@@ -1,0 +1,305 @@
+"""The CPU matmul of a quantized model's step: Q8_0 weights (32 int8 and one fp16 scale a block, llama.cpp's format)
+multiplied with the CPU's integer dot products, never widened to 16 or 32 bits in memory.
+
+A step of a quantized model is a pass over every weight for a handful of rows. Kept as Q8_0 a weight is 8.5 bits,
+a quarter of fp32's bytes and about half of fp16's, so the pass streams that much less. The arithmetic is
+llama.cpp's for Q8_0 x Q8_0:
+
+  - each input row is quantized per block of 32 (d = max|x| / 127, q = x / d rounded to the nearest, ties to
+    even), once per call;
+  - a block's 32 products are summed exactly in int32 (integer dot products), then the block's term
+    float(sum) * (d_w * d_x) is added to the output with one fused multiply-add, block after block in k order.
+
+Each output is that same chain of operations whatever the rows beside it and whatever the instruction set, so a
+row's result is bit for bit the same alone or in a tree of 16 (REST = plain decoding in this mode), and the
+AVX-512, AVX-VNNI, AVX2 and portable builds agree bit for bit (tests/engine/test_quant_matmul.py).
+
+Layout (`pack`): the weight [N, K] becomes panels of 16 output columns; a panel is its K/32 blocks of quants, each
+block 8 groups x 16 columns x 4 consecutive k as bytes q + 128 (one 64-byte vector a group: the unsigned operand
+of `vpdpbusd`, whose 16 int32 lanes are the 16 columns), followed by the blocks' fp16 scales [K/32][16], padded to
+64 bytes. The weight's +128 comes back out exactly as 128 x (the row block's sum of q), known from the
+quantization. A GGUF's Q5_0 and Q4_0 blocks are Q8_0 blocks of small quants (q - 16 in [-16, 15], q - 8 in
+[-8, 7]) with the same per-32 fp16 scale, so they keep fewer bits in their panels (`pack_blocks(..., bits)`): a
+4-bit block is 4 vectors of nibbles q + 8 (groups 2j in the low nibbles, 2j + 1 in the high ones), a 5-bit block
+the nibbles of q + 16 the same way and then one 64-bit mask a group holding the fifth bits. The kernel unpacks a
+block to the bytes q + offset and runs the 8-bit arithmetic on them, the offset (16, 8) taken out as 128 is: the
+integer sums, and so every float operation after them, are those of the same values as 8-bit blocks, bit for
+bit. Paths, by the level a library is built for (levels.py): AVX-512 VNNI (zmm, up to 12 rows a tile with the
+block's weights in registers), AVX-VNNI (ymm), AVX2 (`vpmaddubsw` over |w| and x signed as w, no saturation
+since |x| <= 127), portable C. The panels are split between torch's OpenMP threads as in panel_matmul.py.
+
+A prefill's many rows run on AMX-INT8 tiles where the CPU has them (compiled for a target with AMX-INT8, the tile
+state granted to the process by Linux; from `amx_rows()` rows a call): a panel's blocks unpacked once to their
+signed quants (a block is one B tile, 8 x 64 bytes), then per 16 rows and block one TDPBSSD of the rows' 32 quants
+(an A tile) makes the block's exact int32 sums, the very integers the VNNI tiles make, and each row then takes the
+VNNI tiles' float operations on them in their order. Same integers, same float operations: the same results bit
+for bit, whichever tiles a row ran on and whatever rows were beside it (`without_amx` turns them off to compare).
+
+The C is quant_matmul.c, built per level and loaded by loader.py's one path, then checked against a reference
+product before use; where it cannot be built or the cache folder is not this user's alone, `available()` is False.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+
+import torch
+
+from rest_lsp.kernels.loader import Kernel, register
+
+log = logging.getLogger(__name__)
+
+PANEL = 16  # output columns per panel
+BLOCK = 32  # weights per Q8_0 block (one scale)
+BITS = (8, 5, 4)  # the widths a panel's blocks are stored in
+BLOCK_BYTES = {8: 512, 5: 320, 4: 256}  # a panel's bytes of quants per block, by width
+OFFSETS = {8: 128, 5: 16, 4: 8}  # what a quant is stored as plus (an unsigned byte, or 5 and 4 bits)
+
+
+PATHS = {3: "AVX-512 VNNI", 2: "AVX-VNNI", 1: "AVX2", 0: "portable C"}
+AMX = "AMX-INT8"  # what path_name adds where the library's many-row calls run on AMX tiles
+# -ffp-contract=off: every multiply and add rounds where the source says (the fused ones are written as such); the
+# level's flags follow (levels.py)
+FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")
+LIBS = ("-lm",)
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    ll, vp = ctypes.c_longlong, ctypes.c_void_p
+    lib.quant_mm.argtypes = [vp, ll, ll, vp, ll, ctypes.c_int, vp, vp, ctypes.c_int]
+    lib.quant_mm.restype = ctypes.c_int
+    lib.quant_rows.argtypes = [vp, ll, ll, vp, vp, vp]
+    lib.quant_rows.restype = None
+    lib.quant_path.restype = ctypes.c_int
+    lib.quant_threaded.restype = ctypes.c_int
+    lib.quant_amx.restype = ctypes.c_int
+    lib.quant_set_amx.argtypes = [ctypes.c_int]
+    lib.quant_set_amx.restype = ctypes.c_int
+    lib.quant_amx_rows.restype = ctypes.c_int
+    return lib
+
+
+def _checked(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """`lib` once it computes a small product with partial panels, blocks and tiles as the reference does, at
+    every width (ValueError if not): a compiler that miscompiles it must not reach a step. Where it has AMX tiles,
+    a product of enough rows for them (full and partial 16-row tiles) too, and bit for bit as without them."""
+    gen = torch.Generator().manual_seed(0)
+    rows = 13 if not lib.quant_amx() else lib.quant_amx_rows() + 37  # 16-row tiles: full ones and a partial one
+    weight, bias, x = (torch.randn(*shape, generator=gen) for shape in ((50, 200), (50,), (rows, 200)))
+
+    def product(bits: int, panels: torch.Tensor, m: int, amx: bool) -> torch.Tensor:
+        got = torch.empty(m, 50)
+        before = lib.quant_set_amx(int(amx))
+        try:
+            ran = lib.quant_mm(x.data_ptr(), m, 200, panels.data_ptr(), 50, bits, bias.data_ptr(), got.data_ptr(), 1)
+        finally:
+            lib.quant_set_amx(before)
+        if ran < 0:
+            raise ValueError("it could not allocate its scratch memory")
+        if ran != amx:
+            raise ValueError(f"its {m} rows ran {'without' if amx else 'on'} AMX tiles")
+        return got
+
+    for bits in BITS:
+        q, d = quantize_q8_0(weight)
+        if bits != 8:
+            q = q.clamp(-OFFSETS[bits], OFFSETS[bits] - 1)
+        panels, want = pack_blocks(q, d, bits), reference_blocks(x, q, d, bias)
+        got = product(bits, panels, 13, False)
+        if not torch.allclose(got, want[:13], rtol=1e-5, atol=1e-4):
+            raise ValueError(f"its results differ from the reference's ({bits}-bit blocks)")
+        if lib.quant_amx():
+            tiles = product(bits, panels, rows, True)
+            if not torch.allclose(tiles, want, rtol=1e-5, atol=1e-4):
+                raise ValueError(f"its AMX results differ from the reference's ({bits}-bit blocks)")
+            if not torch.equal(tiles, product(bits, panels, rows, False)):
+                raise ValueError(f"its AMX results are not its VNNI results bit for bit ({bits}-bit blocks)")
+    if not lib.quant_threaded():
+        log.warning("The quantized kernel was built without OpenMP: its matmuls run on one thread.")
+    return lib
+
+
+KERNEL = Kernel("quant_matmul", FLAGS, LIBS, _bind, _checked,
+                "the quantized modes cannot run")
+
+
+def library(level: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernel of `level` (the dispatcher's by default; another level this CPU executes for the tests
+    and benchmarks), built and checked on first use; None where it cannot be (said once)."""
+    return KERNEL.library(level)
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def path_name(lib: ctypes.CDLL | None = None) -> str:
+    """The instruction set a library's dot products run on ("AVX-512 VNNI", "AVX-VNNI", "AVX2", "portable C"),
+    with " + AMX-INT8" where its calls of many rows run on AMX tiles (`amx_available`)."""
+    lib = lib or library()
+    if lib is None:
+        return "none"
+    return PATHS[lib.quant_path()] + (f" + {AMX}" if lib.quant_amx() else "")
+
+
+def amx_available(lib: ctypes.CDLL | None = None) -> bool:
+    """Whether `lib` (the machine's own by default) has AMX-INT8 tiles compiled in and this process may use them:
+    then its calls of `amx_rows(lib)` rows or more run on them, with the same results bit for bit."""
+    lib = lib or library()
+    return lib is not None and bool(lib.quant_amx())
+
+
+def amx_rows(lib: ctypes.CDLL | None = None) -> int:
+    """The fewest rows a call runs on AMX tiles where it can."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the quantized kernel is not available on this machine")
+    return lib.quant_amx_rows()
+
+
+@contextlib.contextmanager
+def without_amx(lib: ctypes.CDLL | None = None):
+    """Within it, `lib`'s calls (from any thread: the setting is the library's) run on the VNNI tiles alone: the
+    tests compare the two."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the quantized kernel is not available on this machine")
+    before = lib.quant_set_amx(0)
+    try:
+        yield lib
+    finally:
+        lib.quant_set_amx(before)
+
+
+# -- Q8_0 blocks ---------------------------------------------------------------------------------------------------
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (quants int8 [N, K/32, 32], scales fp16 [N, K/32]) as llama.cpp's quantize_row_q8_0 makes
+    them (d = max|w| / 127; q = w / d rounded half away from zero), K padded with zeros to a multiple of 32.
+    Weights that were Q8_0 blocks (dequantized: q x d) come back as those blocks exactly."""
+    w = weight.detach().float()
+    n, k = w.shape
+    nb = -(-k // BLOCK)
+    if nb * BLOCK != k:
+        w = torch.nn.functional.pad(w, (0, nb * BLOCK - k))
+    w = w.reshape(n, nb, BLOCK)
+    d = w.abs().amax(-1) / 127.0  # [N, nb]
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    v = w * inv[..., None]
+    q = (torch.sign(v) * torch.floor(v.abs() + 0.5)).to(torch.int8)
+    return q, d.half()
+
+
+def from_gguf_q8_0(raw: torch.Tensor | "object", k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF Q8_0 tensor's raw bytes [N, K/32 * 34] (gguf.GGUFReader's `data`: per block an fp16 scale, then 32
+    int8) -> (quants int8 [N, K/32, 32], scales fp16 [N, K/32])."""
+    raw = torch.as_tensor(raw).view(torch.uint8)
+    n = raw.shape[0]
+    blocks = raw.reshape(n, k // BLOCK, 2 + BLOCK)
+    return blocks[..., 2:].contiguous().view(torch.int8), blocks[..., :2].contiguous().view(torch.float16)[..., 0]
+
+
+def panel_bytes(k: int, bits: int = 8) -> int:
+    nb = -(-k // BLOCK)
+    return nb * BLOCK_BYTES[bits] + -(-nb * PANEL * 2 // 64) * 64
+
+
+def pack_blocks(quants: torch.Tensor, scales: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """Blocks (int8 [N, nb, 32], fp16 [N, nb]; w = q x d) -> panels uint8 [ceil(N / 16), panel_bytes(K, bits)] (see
+    the module's docstring), the columns past N zero. 5 and 4 bits hold quants in [-16, 15] and [-8, 7] (a Q5_0
+    or Q4_0 block's q - 16 or q - 8): ValueError for one outside."""
+    if bits not in BITS:
+        raise ValueError(f"no {bits}-bit panels: use one of {BITS}")
+    n, nb, _ = quants.shape
+    off = OFFSETS[bits]
+    if bits != 8 and n and (int(quants.min()) < -off or int(quants.max()) >= off):
+        raise ValueError(f"{bits}-bit panels hold quants in [{-off}, {off - 1}]")
+    count = -(-n // PANEL)
+    q = torch.zeros(count * PANEL, nb, BLOCK, dtype=torch.int8)
+    q[:n] = quants
+    d = torch.zeros(count * PANEL, nb, dtype=torch.float16)
+    d[:n] = scales
+    # [P, 16 cols, nb, 8 groups, 4] -> [P, nb, 8, 16 x 4]: the bytes q + offset, as the kernel unpacks them
+    u = (q.view(count, PANEL, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(count, nb, 8, 64).short() + off).to(torch.uint8)
+    if bits == 8:
+        body = u.reshape(count, nb * 512)
+    else:
+        low = u & 15
+        nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [P, nb, 4, 64]: groups 2j low, 2j + 1 high
+        parts = [nibbles.reshape(count, nb, 256)]
+        if bits == 5:  # bit i of group g's mask (a little-endian uint64) is byte i's fifth bit
+            fifth = ((u >> 4) & 1).view(count, nb, 8, 8, 8).long()
+            masks = (fifth << torch.arange(8)).sum(-1).to(torch.uint8)  # [P, nb, 8 groups, 8 bytes]
+            parts.append(masks.reshape(count, nb, 64))
+        body = torch.cat(parts, -1).reshape(count, nb * BLOCK_BYTES[bits])
+    tail = d.view(count, PANEL, nb).transpose(1, 2).reshape(count, nb * PANEL).view(torch.uint8)  # [P, nb 16 2]
+    out = torch.zeros(count, panel_bytes(nb * BLOCK, bits), dtype=torch.uint8)
+    out[:, : body.shape[1]] = body
+    out[:, body.shape[1] : body.shape[1] + tail.shape[1]] = tail
+    return out
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] (float) -> Q8_0 panels (`quantize_q8_0`, `pack_blocks`)."""
+    return pack_blocks(*quantize_q8_0(weight))
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's quantization of input rows x [m, K] in torch: (quants int8 [m, nb, 32], scales fp32 [m, nb]),
+    d = max|x| / 127, x / d ... as x * (1 / d) rounded half to even."""
+    x = x.float()
+    m, k = x.shape
+    nb = -(-k // BLOCK)
+    x = torch.nn.functional.pad(x, (0, nb * BLOCK - k)).reshape(m, nb, BLOCK)
+    d = x.abs().amax(-1) / 127.0
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    return torch.round(x * inv[..., None]).to(torch.int8), d
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What the kernel computes, in float64 after the exact integer sums: sum over blocks of
+    sum(qw qx) * float32(d_w d_x), + bias (the kernel adds the terms in fp32, one fused multiply-add each)."""
+    return reference_blocks(x, *quantize_q8_0(weight), bias)
+
+
+def reference_blocks(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`reference` for a weight given as blocks (int8 [N, nb, 32], fp16 [N, nb])."""
+    qx, dx = quantize_rows(x)
+    sums = torch.einsum("nbi,mbi->mnb", qw.long(), qx.long())  # [m, N, nb] exact
+    scale = dw.float()[None] * dx[:, None]  # fp32 products, as the kernel's
+    out = (sums.double() * scale.double()).sum(-1)
+    if bias is not None:
+        out = out + bias.double()
+    return out.float()
+
+
+def quant_mm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None,
+             lib: ctypes.CDLL | None = None, bits: int = 8) -> torch.Tensor:
+    """x [m, K] (fp32) times the weight in `panels` of `bits`-bit blocks (`pack`, `pack_blocks`) + bias -> [m, n]."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the quantized kernel is not available on this machine")
+    x = x.contiguous()
+    m, k = x.shape
+    if (x.dtype != torch.float32 or panels.dtype != torch.uint8 or panels.dim() != 2 or bits not in BITS
+            or panels.shape[1] != panel_bytes(k, bits) or panels.shape[0] * PANEL < n or not panels.is_contiguous()
+            or not (x.is_cpu and panels.is_cpu)
+            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() < n
+                                      or not bias.is_cpu))):
+        raise ValueError(f"quant_mm: input [{m}, {k}] {x.dtype} does not fit {bits}-bit panels {list(panels.shape)} "
+                         f"{panels.dtype} for {n} outputs" + ("" if bias is None else f", bias [{bias.numel()}]"))
+    y = torch.empty(m, n, dtype=torch.float32)
+    if m and lib.quant_mm(x.data_ptr(), m, k, panels.data_ptr(), n, bits, None if bias is None else bias.data_ptr(),
+                          y.data_ptr(), torch.get_num_threads()) < 0:
+        raise MemoryError("quant_mm: no scratch memory for the quantized rows")
+    return y
+
+
+def _op(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None, bits: int = 8) -> torch.Tensor:
+    return quant_mm(x, panels, n, bias, bits=bits)
+
+
+register("quant_mm(Tensor x, Tensor panels, int n, Tensor? bias, int bits=8) -> Tensor", _op)  # torch.ops.rest_lsp
