@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rest_lsp.engine.lean_llama import Matmul, onednn_packs, panel_packs
+from rest_lsp.engine.matmuls import Matmul, onednn_packs, panel_packs
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576)}
 LAYER = ("qkv", "o", "gate_up", "down")

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from rest_lsp.kernels import quant_matmul
-from rest_lsp.engine.lean_llama import GgufMatmul, Matmul, QuantMatmul, fp16_packs, panel_packs
+from rest_lsp.engine.matmuls import GgufMatmul, Matmul, QuantMatmul, fp16_packs, panel_packs
 
 # Qwen2.5-Coder-0.5B: hidden 896, 14 query heads and 2 key/value heads of 64, intermediate 4864, vocabulary 151936
 SHAPES = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864)}

@@ -33,7 +33,7 @@ from benchmarks.harness import (  # noqa: E402
 from rest_lsp.datastore import Datastore
 from rest_lsp.engine.decoding import DecodeConfig, Decoder, sync_device
 from rest_lsp.drafting.drafts import SOURCE_NAMES, ContextLookup, OutputStore, Proposal, SuccessorTable, rest_drafts
-from rest_lsp.engine.lean_llama import pick_packing
+from rest_lsp.engine.matmuls import pick_packing
 from rest_lsp.engine.model import load_model
 
 class FirstTokenClock(BaseStreamer):

@@ -124,7 +124,7 @@ def modes_here() -> list[str]:
         from rest_lsp.engine.runmode import native_bf16
     except ImportError:  # where runmode does not have it yet
         from rest_lsp.engine.calibration import native_bf16
-    from rest_lsp.engine.lean_llama import fp16_packs
+    from rest_lsp.engine.matmuls import fp16_packs
 
     modes = ["float32"]
     if native_bf16():

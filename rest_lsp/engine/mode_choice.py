@@ -62,7 +62,7 @@ class Choice:
 def candidates(rule: RunMode, gguf: bool) -> list[str]:
     """The modes worth timing for a load without a dtype: the rule's and the gguf mode, on a CPU that builds the
     integer kernel, for a .gguf; none (the rule decides alone) otherwise."""
-    from rest_lsp.engine.lean_llama import q8_packs
+    from rest_lsp.engine.matmuls import q8_packs
 
     if not gguf or rule.device.type != "cpu" or rule.name == GGUF_WEIGHTS or not q8_packs(torch.float32, rule.device):
         return []

@@ -159,7 +159,7 @@ def pick_weight_packing(dtype: str | None, device: torch.device, gguf: bool = Fa
     decoding's and fp32's is measured by benchmarks/bench_bf16.py (benchmarks/RESULTS.md). `--dtype float32` is
     the exact mode.
     """
-    from rest_lsp.engine.lean_llama import fp16_packs
+    from rest_lsp.engine.matmuls import fp16_packs
 
     if dtype in (None, "", "auto"):
         if gguf and device.type == "cpu" and not native_bf16() and fp16_packs(torch.float32, device):
@@ -169,7 +169,7 @@ def pick_weight_packing(dtype: str | None, device: torch.device, gguf: bool = Fa
         raise ModelLoadError("--dtype gguf runs a .gguf file's own weight blocks, and this model is not a .gguf file: "
                              "use --dtype q8_0 to run it on Q8_0 weights.")
     if dtype in (Q8_WEIGHTS, GGUF_WEIGHTS):
-        from rest_lsp.engine.lean_llama import q8_packs
+        from rest_lsp.engine.matmuls import q8_packs
 
         if q8_packs(torch.float32, device):
             return ("q8" if dtype == Q8_WEIGHTS else "gguf"), None
@@ -185,7 +185,7 @@ def pick_weight_packing(dtype: str | None, device: torch.device, gguf: bool = Fa
 
 def decide(device: str | None, dtype: str | None, gguf: bool = False) -> RunMode:
     """The mode a model loads and decodes in, from the user's `--device` and `--dtype` (None: the best here)."""
-    from rest_lsp.engine.lean_llama import pick_packing
+    from rest_lsp.engine.matmuls import pick_packing
 
     if dtype in (None, "", "auto") and os.environ.get(DTYPE_ENV):
         dtype = os.environ[DTYPE_ENV]  # the user's default, or the tests' second pass: as if asked for

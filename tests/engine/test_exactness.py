@@ -115,7 +115,8 @@ def test_the_lean_engine_is_exact_on_packed_weights_and_on_plain_ones(tiny, pack
     """On a CPU in fp32 the lean engine's matmuls run on our panel kernel (the other tests use that path), or on
     oneDNN's packed weights where no compiler built it; F.linear is the path on GPUs and in other dtypes: all of
     them verify trees exactly."""
-    from rest_lsp.engine.lean_llama import LeanLlama, onednn_packs, panel_packs
+    from rest_lsp.engine.lean_llama import LeanLlama
+    from rest_lsp.engine.matmuls import onednn_packs, panel_packs
 
     runs = {"panel": panel_packs, "onednn": onednn_packs}.get(pack)
     if runs is not None and not runs(torch.float32, tiny.device):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
-from rest_lsp.engine.lean_llama import LeanLlama, Matmul, fp16_packs, pick_packing
+from rest_lsp.engine.lean_llama import LeanLlama
+from rest_lsp.engine.matmuls import Matmul, fp16_packs, pick_packing
 from rest_lsp.engine.runmode import FP16_WEIGHTS, pick_weight_packing
 from rest_lsp.settings import Settings
 from test_exactness import assert_rest_is_plain_decoding, plain_tokens

@@ -17,9 +17,10 @@ from support import tiny_model
 from test_exactness import assert_rest_is_plain_decoding, plain_tokens
 
 from rest_lsp.engine import gguf_blocks, runmode
-from rest_lsp.kernels import quant_matmul
+from rest_lsp.kernels import levels, quant_matmul
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
-from rest_lsp.engine.lean_llama import GgufMatmul, LeanLlama
+from rest_lsp.engine.lean_llama import LeanLlama
+from rest_lsp.engine.matmuls import GgufMatmul
 from rest_lsp.errors import ModelLoadError
 
 # each module's GGUF tensor type: (layer, name) first, then name; layer 0's v is Q8_0 and layer 1's Q5_0 (the
@@ -236,7 +237,7 @@ def test_dtype_gguf_is_a_mode_of_its_own_named_gguf(monkeypatch):
     assert mode.step_cost == runmode.PACKINGS["gguf"].step_cost and mode.head_batch == 12
     assert runmode.mode_name(torch.float32, "gguf") == "gguf"
     assert Settings().update({"dtype": "gguf"})[1] == []
-    monkeypatch.setattr(quant_matmul, "_libraries", {quant_matmul.NATIVE: None})  # no kernel here
+    monkeypatch.setattr(quant_matmul.KERNEL, "_libraries", dict.fromkeys(levels.LEVELS))  # no kernel here
     mode = runmode.decide("cpu", "gguf", gguf=True)
     assert mode.dtype == torch.float32 and mode.packing != "gguf" and "float32 instead" in mode.notes[0]
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from rest_lsp.engine.lean_llama import LeanLlama, Norm, panel_packs, query_scale
+from rest_lsp.engine.lean_llama import LeanLlama, Norm, query_scale
+from rest_lsp.engine.matmuls import panel_packs
 
 from support import tiny_model
 

@@ -9,7 +9,7 @@ in the same mode writes, with any drafts.
 import pytest
 import torch
 
-from rest_lsp.kernels import quant_matmul
+from rest_lsp.kernels import levels, quant_matmul
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
 from rest_lsp.engine.lean_llama import LeanLlama
 from test_exactness import assert_rest_is_plain_decoding, plain_tokens
@@ -111,7 +111,7 @@ def test_dtype_q8_0_loads_the_quantized_mode_and_elsewhere_says_why_not(monkeypa
     assert runmode.decide("cpu", None, gguf=True).packing != "q8"  # never the default: not the exact mode
     packing, note = runmode.pick_weight_packing("q8_0", torch.device("cuda"))
     assert packing is None and "float32 instead" in note
-    monkeypatch.setattr(quant_matmul, "_libraries", {quant_matmul.NATIVE: None})  # no kernel here
+    monkeypatch.setattr(quant_matmul.KERNEL, "_libraries", dict.fromkeys(levels.LEVELS))  # no kernel here
     mode = runmode.decide("cpu", "q8_0")
     assert mode.dtype == torch.float32 and mode.packing != "q8" and "float32 instead" in mode.notes[0]
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rest_lsp.drafting.draft_tree import DraftTree, tree_attention_mask
-from rest_lsp.engine.lean_llama import CACHE_BLOCK, STEP_BUCKETS, LeanLlama
+from rest_lsp.engine.cuda_graphs import STEP_BUCKETS
+from rest_lsp.engine.lean_llama import CACHE_BLOCK, LeanLlama
 
 from support import tiny_model
 

@@ -8,7 +8,7 @@ from support import tiny_model
 
 from rest_lsp.kernels import panel_matmul
 from rest_lsp.engine.decoding import Decoder
-from rest_lsp.engine.lean_llama import fp16_packs, onednn_packs, q8_packs
+from rest_lsp.engine.matmuls import fp16_packs, onednn_packs, q8_packs
 from rest_lsp.engine.runmode import PACKINGS
 
 CPU = torch.device("cpu")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rest_lsp.kernels import levels, loader, panel_matmul
-from rest_lsp.engine.lean_llama import Matmul, PanelMatmul, pick_packing
+from rest_lsp.engine.matmuls import Matmul, PanelMatmul, pick_packing
 
 needs_kernel = pytest.mark.skipif(not panel_matmul.available(), reason="no C compiler here builds the panel kernel")
 
@@ -97,7 +97,7 @@ def test_without_a_compiler_the_step_runs_on_onednn_and_says_so_once(monkeypatch
     assert [r.getMessage() for r in caplog.records] == [
         "No C compiler here (CC, cc, gcc): fp32 steps run without rest-lsp's panel kernel (on oneDNN where torch has "
         "it)."]
-    from rest_lsp.engine.lean_llama import onednn_packs
+    from rest_lsp.engine.matmuls import onednn_packs
 
     want = "onednn" if onednn_packs(torch.float32, torch.device("cpu")) else "none"
     assert pick_packing(None, torch.float32, torch.device("cpu")) == want

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rest_lsp.engine.lean_llama import Matmul, QuantMatmul, pick_packing, q8_packs
+from rest_lsp.engine.matmuls import Matmul, QuantMatmul, pick_packing, q8_packs
 from rest_lsp.kernels import levels, loader, quant_matmul
 from kernel_support import PATHS, library_of
 
