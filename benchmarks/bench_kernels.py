@@ -102,6 +102,18 @@ def matmul(weight, kind: str):
     return Matmul.of(weight, None, kind)  # panel, onednn, fp16, q8
 
 
+def stored_mb(kind: str, shapes: dict, layers: int) -> float:
+    """The MB of weights a pass over `layers` layers streams on `kind`'s kernel (the LM head left out)."""
+    from rest_lsp.engine import quant_matmul
+
+    def nbytes(out: int, inp: int) -> int:
+        if kind in ("q8", "q5", "q4"):
+            return quant_matmul.panel_bytes(inp, int(kind[1])) * -(-out // 16)
+        return out * inp * (2 if kind in ("fp16", "bf16") else 4)
+
+    return layers * sum(nbytes(*shape) for shape in shapes["matmuls"].values()) / 2**20
+
+
 def kinds_here(asked: list[str]) -> list[str]:
     """The asked kinds this machine runs (the others said in one line)."""
     import torch
@@ -157,7 +169,8 @@ def time_kinds(shapes: dict, kinds: list[str], rows: list[int], layers: int, rou
                     layer_ms[k][m].append(timed(lambda: [fn(xs[m][inp]) for fn, inp in fns[k]]))
                     head_ms[k][m].append(timed(lambda: heads[k](xs[m][shapes["head"][1]])))
     med = lambda table: {k: {m: statistics.median(v) for m, v in per.items()} for k, per in table.items()}  # noqa: E731
-    return {"floor_ms": floor, "layers": med(layer_ms), "head": med(head_ms)}
+    return {"floor_ms": floor, "layers": med(layer_ms), "head": med(head_ms),
+            "mb": {k: stored_mb(k, shapes, layers) for k in kinds}}
 
 
 def timed(fn) -> float:
@@ -270,7 +283,9 @@ def report(results: list[dict]) -> list[str]:
         if "kinds" in r:
             k = r["kinds"]
             lines += table_lines(f"{head}: {k['layer_count']} layers of {k['shapes']}, ms per pass "
-                                 f"(reading the fp32 weights only: {k['floor_ms']:.1f} ms)", k["layers"], rows)
+                                 f"(reading the fp32 weights only: {k['floor_ms']:.1f} ms); MB a pass streams: "
+                                 + ", ".join(f"{kind} {mb:.0f}" for kind, mb in k.get("mb", {}).items()),
+                                 k["layers"], rows)
             lines += table_lines(f"{head}: the LM head of {k['shapes']}, ms per call", k["head"], rows)
         if r.get("modes"):
             lines += table_lines(f"{head}: the whole step on a 512-token cache, head included, ms", r["modes"], rows)
