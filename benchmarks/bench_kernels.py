@@ -1,8 +1,9 @@
 """What a decoding step costs by the rows it computes (1 for plain decoding, more for a draft tree), per matmul kind
 and per whole-step mode, at each kernel level this CPU runs: the curve the draft budget follows.
 
-    .venv/bin/python benchmarks/bench_kernels.py [--shapes smollm2|qwen2.5] [--kinds mkl,onednn,panel,fp16,bf16,q8,q5,q4]
-        [--rows 1,2,4,8,16] [--layers N] [--rounds 7] [--threads 2] [--model M] [--modes float32,float16-weights,q8_0]
+    .venv/bin/python benchmarks/bench_kernels.py [--shapes smollm2|qwen2.5]
+        [--kinds mkl,onednn,panel,fp16,bf16,q8,q5,q4] [--rows 1,2,4,8,16] [--layers N] [--rounds 7] [--threads 2]
+        [--model M] [--modes float32,float16-weights,q8_0]
         [--level LEVEL ... | --level all] [--plot benchmarks/results/kernels.png]
 
 Two tables, each cell the median of the rounds in ms, with its ratio to one row:
