@@ -2,7 +2,7 @@
 
 Indexing the workspace, re-tokenizing an open buffer after an edit and merging the datastore's segments run beside
 decoding. On a machine with few cores each of them takes a core from the decoder's threads while it runs (an open
-buffer of 11k tokens re-tokenized every 300 ms made a plain decoding step 10% slower on 2 cores). Their threads
+buffer re-tokenized after every edit slows every decoding step beside it: docs/LOG.md). Their threads
 run at a lower priority: they still get every idle moment, and a completion is never kept waiting by them.
 Tokenizing itself runs on the tokenizers library's own thread pool, at the priority of the thread that started
 that pool (in the server usually the indexer's): this module does not reach it.
@@ -12,8 +12,8 @@ pydivsufsort binds to as well) keeps a team of worker threads for every thread t
 for as long as that thread lives. Once it manages more threads than there are cores, it stops spin-waiting
 between regions: the decoder's workers then sleep and are woken for each of the hundreds of small ops of a
 step. On 2 cores one long-lived thread that had sorted a suffix array once (the datastore's merge thread, the
-open-buffer feed) made every later decoding step about 1.8x slower, though it never ran again (measured: a plain
-step 27-31 ms before, 50-59 ms after, back to 24-31 ms once that thread ended). So the datastore's OpenMP work
+open-buffer feed) made every later decoding step much slower, though it never ran again, until that thread
+ended (docs/LOG.md, 2026-12-01). So the datastore's OpenMP work
 runs with one thread (`one_openmp_thread`), and a thread that ran torch, such as the model loader, ends instead
 of going on to other work.
 """

@@ -4,7 +4,7 @@
 the value a Decoder runs once it knows which packing its model takes. Each packing's row in `PACKINGS` holds the
 constants tree sizing needs until `calibrate()` has measured this machine: the step-cost curve, how many rows the
 LM head takes in one call and from when that call pays, and how many rows a node outside it brings. The curves come
-from benchmarks/bench_tree_cost.py on the reference machines (benchmarks/RESULTS.md, "Step cost").
+from benchmarks/bench_kernels.py on the reference machines (benchmarks/RESULTS.md, "Kernels and step cost").
 """
 
 from __future__ import annotations

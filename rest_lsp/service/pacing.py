@@ -7,7 +7,7 @@
     next line, taking as long as the last one did, would end past the deadline: the budget would cut back to that
     line end anyway, and the person would wait for tokens that are thrown away. The
     deadline can only move closer (`by`): work computed ahead gets the long budget, and once a person waits for
-    it, the short one counts from their request (llama.vim: 1000 ms, 250 ms at a new position).
+    it, the short one counts from their request (llama.vim's two `t_max_predict_ms` values do the same).
   - `TypingPace`: the debounce follows the typing speed (Tabby adapts its debounce the same way). A fast typist's
     next keystroke comes soon, so the decode it would cancel is not worth starting; a slow typist's pause is short.
     The wait is the median gap between the user's recent changes, clamped between the configured debounce and a

@@ -8,7 +8,7 @@ The prefix window starts at a line start, and stays there while it can: the call
 passes the start line of the document's last prompt (`keep_line`), and as long as the
 text from there to the cursor fits the budget the window starts there again, so while
 the user types, consecutive prompts begin with the same tokens and the decoder reuses
-its KV cache instead of paying the whole prefill again (2-3 s with the default model).
+its KV cache instead of paying the whole prefill again (seconds on a CPU).
 When it no longer fits (or the cursor went up to just below it: KEEP_MIN), the new
 start takes only FILL of the budget, on a line whose number is a multiple of LINE_GRID:
 the next quarter of the budget typed keeps it.

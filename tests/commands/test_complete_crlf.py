@@ -1,5 +1,5 @@
-"""`rest-lsp complete` reads a file as an editor sends it (issue 29, item 12): CRLF and lone CR line breaks are kept, so
-the prompt, and the answer, are the server's; lines are counted where LSP counts them."""
+"""`rest-lsp complete` reads a file as an editor sends it: CRLF and lone CR line breaks are kept, so the prompt, and the
+answer, are the server's; lines are counted where LSP counts them."""
 
 import subprocess
 import sys

@@ -1,5 +1,5 @@
-"""Per-document state over LSP (issue 29, items 6 and 10): a text the tokenizer refuses fails its own request with one
-sentence and nothing after it; a closed document leaves no KV cache behind."""
+"""Per-document state over LSP: a text the tokenizer refuses fails its own request with one sentence and nothing after
+it; a closed document leaves no KV cache behind."""
 
 import pytest
 import pytest_asyncio

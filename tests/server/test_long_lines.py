@@ -1,5 +1,5 @@
-"""Positions in long lines (issue 29, item 7): a keystroke in a 1 MB line maps its positions with str and codec
-operations, never a Python loop over the line's characters, and lands where pygls' own codec puts it."""
+"""Positions in long lines: a keystroke in a 1 MB line maps its positions with str and codec operations, never a Python
+loop over the line's characters, and lands where pygls' own codec puts it."""
 
 import random
 from types import SimpleNamespace

@@ -1,5 +1,5 @@
-"""Text the tokenizer refuses (issue 29, item 6): its request fails with one sentence, and nothing of it is kept, so
-the document's later requests are answered."""
+"""Text the tokenizer refuses: its request fails with one sentence, and nothing of it is kept, so the document's later
+requests are answered."""
 
 import pytest
 from support import greedy

@@ -1,5 +1,5 @@
-"""A closed document keeps no KV cache (issue 29, item 10): neither the one kept for it nor the decoder's own, once
-the decoder moves on, nor one that work still under way for it leaves behind; one opened again keeps its cache."""
+"""A closed document keeps no KV cache: neither the one kept for it nor the decoder's own, once the decoder moves on,
+nor one that work still under way for it leaves behind; one opened again keeps its cache."""
 
 from support import tiny_model
 

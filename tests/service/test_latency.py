@@ -1,5 +1,5 @@
-"""Latency mechanisms of the service (issue 9, items 4-6): the prefetch, the suggestion cache, the one-line rule, the
-time budget and the adaptive debounce. Real tiny models (conftest_server); the decoder is only counted, never faked."""
+"""Latency mechanisms of the service: the prefetch, the suggestion cache, the one-line rule, the time budget and the
+adaptive debounce. Real tiny models (conftest_server); the decoder is only counted, never faked."""
 
 from __future__ import annotations
 

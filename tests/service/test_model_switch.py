@@ -1,5 +1,5 @@
-"""A model switch (issue 29, item 5): nothing the old model wrote is served under the new one, neither a completion
-it was still decoding at the switch (held there by the step gate) nor a suggestion shown before it (type-through)."""
+"""A model switch: nothing the old model wrote is served under the new one, neither a completion it was still decoding
+at the switch (held there by the step gate) nor a suggestion shown before it (type-through)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What a kept suggestion is served for (issue 29, items 4 and 5): the cache, type-through and the prefetch only ever
-answer for the text, document, model and settings a suggestion was computed for. Real tiny models, float32."""
+"""What a kept suggestion is served for: the cache, type-through and the prefetch only ever answer for the text,
+document, model and settings a suggestion was computed for. Real tiny models, float32."""
 
 from __future__ import annotations
 
