@@ -1,5 +1,5 @@
 """`--tcp` and `initialize` as an attacker meets them: one client a server, a token where one is set, loopback by
-default, a second initialize refused (rest_lsp/tcp.py, admission.py, auth.py)."""
+default, a second initialize refused (rest_lsp/lsp/tcp.py, lsp/admission.py, auth.py)."""
 
 import asyncio
 import json
@@ -14,12 +14,12 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidRequest
 
 from support import command, server_command, start, wait_until
-from rest_lsp import admission
-from rest_lsp.auth import TokenError, read_token, token_matches
-from rest_lsp.server import DRAFTS_COMMAND, STATS_COMMAND, create_server
+from rest_lsp.auth import TokenError, is_loopback, read_token, token_matches
+from rest_lsp.lsp import admission
+from rest_lsp.lsp.server import DRAFTS_COMMAND, STATS_COMMAND, create_server
 from rest_lsp.service.completion import CompletionService
 from rest_lsp.settings import Settings
-from rest_lsp.tcp import is_loopback, parse_address
+from rest_lsp.lsp.tcp import parse_address
 
 TOKEN = "s3cr3t-token-of-the-editor-0123456789"
 SECRET = "AWS_SECRET_ACCESS_KEY = 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY'"
