@@ -310,11 +310,37 @@ def test_bad_addresses_say_what_is_wanted(text):
         parse_address(text)
 
 
-@pytest.mark.parametrize("host,loopback", [("127.0.0.1", True), ("127.3.2.1", True), ("::1", True),
-                                           ("localhost", True), ("0.0.0.0", False), ("::", False),
-                                           ("192.168.1.20", False), ("example.com", False)])
+HOSTS = [("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("0:0:0:0:0:0:0:1", True), ("localhost", True),
+         ("LocalHost", True), ("0.0.0.0", False), ("::", False), ("192.168.1.20", False), ("example.com", False)]
+
+
+@pytest.mark.parametrize("host,loopback", HOSTS)
 def test_which_hosts_are_loopback(host, loopback):
     assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize("host,loopback", HOSTS)
+def test_serve_and_remote_draw_the_line_where_tcp_does(host, loopback, token_file, monkeypatch, capsys):
+    """One rule for the three network modes: `serve` without TLS warns of clear text exactly where `--remote`
+    refuses an http:// URL and `--tcp` wants a token file (serve's own list warned for 127.3.2.1 and ::1 written
+    out in full)."""
+    from rest_lsp.commands import serve
+    from rest_lsp.team.remote import remote_target
+
+    url = f"http://[{host}]:8000" if ":" in host else f"http://{host}:8000"
+    assert isinstance(remote_target(url, str(token_file)), tuple) is loopback
+
+    class Started(Exception):
+        pass
+
+    def start(args):
+        raise Started
+
+    monkeypatch.setattr(serve, "start", start)  # the warning comes before the cluster
+    monkeypatch.setattr(serve.signal, "signal", lambda *a: None)
+    with pytest.raises(Started):
+        serve.run(SimpleNamespace(host=host, tls_cert=None))
+    assert ("clear text" in capsys.readouterr().err) is not loopback
 
 
 def test_a_token_file_is_read_and_refused_when_others_may_read_it(tmp_path, token_file):
