@@ -1,8 +1,7 @@
 """The package's layers, as data: each module may import only its own layer and the layers below it.
 
 The order is the README's data flow: shared helpers, the datastore, drafting, the engine, the settings, the
-service, then what wires them for a person (a team's server and the language server, side by side, and the commands
-that start either), then the entry point.
+service, then what wires them for a person (the commands and the language server), then the entry point.
 """
 
 from __future__ import annotations
