@@ -65,7 +65,8 @@ def bearer_matches(header: str | None, token: str) -> bool:
 
 def is_loopback(host: str) -> bool:
     """True for 'localhost' and loopback IP literals (127.0.0.0/8, ::1); any other name may resolve to anything, so
-    it is not. Where this holds, a network mode may go without a token (`--tcp`) or without TLS (`serve`, `--remote`)."""
+    it is not. Where this holds, a network mode may go without a token (`--tcp`) or without TLS (`serve`,
+    `--remote`)."""
     if host.lower() == "localhost":
         return True
     try:
