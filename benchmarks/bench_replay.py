@@ -14,7 +14,7 @@ file is opened, and the body is written again line by line, as a person with an 
 Blank lines are written without a request. Every request is timed from sent to reply received.
 
 The same request sequence goes to each configuration: `rest` (the server's defaults, REST on) and `plain`
-(`--draft-budget 0`), each in a fresh server process (`python -m rest_lsp.server --stdio`, default settings
+(`--draft-budget 0`), each in a fresh server process (`python -m rest_lsp.cli --stdio`, default settings
 but the flags named here). The processes run side by side and take turns, one function each (the machine's speed
 drifts over minutes: a ratio should compare work done at the same time); the one whose turn it is works alone,
 the others idle (a turn ends once its server's process uses no CPU: what it computes ahead, a closed buffer

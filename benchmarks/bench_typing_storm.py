@@ -11,7 +11,7 @@ to the server's ContentModified for the rest (a client that never cancels). Afte
 `rest-lsp.stats` request (answered at once, in order) marks in the reply stream where the server took in that
 version.
 
-The server: `python -m rest_lsp.server --stdio`, default settings (the default model unless `--model`), with its
+The server: `python -m rest_lsp.cli --stdio`, default settings (the default model unless `--model`), with its
 index in a temporary folder; the workspace is a temporary copy of the file's folder, bodies removed.
 
 Checks (the table says each figure, and the exit status is 1 when one fails):

@@ -22,7 +22,7 @@ from pygls.lsp.client import LanguageClient
 
 REPO = Path(__file__).resolve().parents[1]
 STATS_COMMAND = "rest-lsp.stats"
-CURSOR_NOTIFICATION = "restLsp/cursor"  # rest_lsp.server's: where the editor's cursor is now
+CURSOR_NOTIFICATION = "restLsp/cursor"  # rest_lsp.lsp.server's: where the editor's cursor is now
 STDERR_TAIL_BYTES = 64_000  # what is kept of the server's stderr, for the error messages
 TRACEBACK = b"Traceback (most recent call last):"
 
@@ -63,8 +63,8 @@ def utf16_len(text: str) -> int:
 
 
 def server_command(*flags: str) -> list[str]:
-    """The command a user runs (`python -m rest_lsp.server --stdio`), with extra CLI flags."""
-    return [sys.executable, "-m", "rest_lsp.server", "--stdio", *flags]
+    """The command a user runs (`python -m rest_lsp.cli --stdio`), with extra CLI flags."""
+    return [sys.executable, "-m", "rest_lsp.cli", "--stdio", *flags]
 
 
 def server_env() -> dict[str, str]:

@@ -1,17 +1,22 @@
-"""Shared secrets of the network modes: read a token file, compare a presented token in constant time."""
+"""Who may talk to a network mode (`--tcp`, `serve`, `--remote`): the token file, its constant-time compare (an LSP
+option or an HTTP bearer header), and the one rule for which hosts are loopback.
+"""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 import stat
 from pathlib import Path
+
+from rest_lsp.errors import UserError
 
 MIN_TOKEN_CHARS = 16  # shorter ones can be guessed; `secrets.token_urlsafe(32)` gives 43
 MAKE_ONE = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE && chmod 600 FILE"
 
 
-class TokenError(ValueError):
+class TokenError(UserError, ValueError):
     """A token file that cannot be used; str(err) is one sentence for the user."""
 
 
@@ -50,3 +55,21 @@ def token_matches(expected: str, presented: object) -> bool:
     if not isinstance(presented, str):
         return False
     return hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), expected.encode("utf-8"))
+
+
+def bearer_matches(header: str | None, token: str) -> bool:
+    """Whether an Authorization header carries `token`; the comparison takes the same time wherever they differ."""
+    scheme, _, given = (header or "").partition(" ")
+    return token_matches(token, given.strip()) and scheme.lower() == "bearer"
+
+
+def is_loopback(host: str) -> bool:
+    """True for 'localhost' and loopback IP literals (127.0.0.0/8, ::1); any other name may resolve to anything, so
+    it is not. Where this holds, a network mode may go without a token (`--tcp`) or without TLS (`serve`,
+    `--remote`)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,6 +1,7 @@
-"""`rest-lsp`: the language server (default), and the `generate`, `index` and `complete` commands.
+"""`rest-lsp`: the commands, the language server (`lsp`) the default one.
 
-Each command lives in its own module with `add_arguments(parser)` and `run(args) -> int`."""
+Each command lives in its own module of rest_lsp/commands/ with `add_arguments(parser)` and `run(args) -> int`;
+this module only finds the command and runs it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import importlib
 import logging
 import sys
 
+DEFAULT_COMMAND = "lsp"  # `rest-lsp`, `rest-lsp --stdio`, `rest-lsp --tcp PORT`
+GLOBAL_FLAGS = ("-v", "--verbose")
 SUBCOMMANDS = {
     # name: (module, help)
+    "lsp": ("rest_lsp.commands.lsp", "the language server, on stdio or --tcp (the default command)"),
     "generate": ("rest_lsp.commands.generate", "continue a prompt with REST decoding and print the result"),
     "index": ("rest_lsp.commands.index", "build, update or query the persistent token index of a folder"),
     "complete": ("rest_lsp.commands.complete", "one completion at FILE:LINE:COL, as the server would give it"),
@@ -24,7 +28,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rest-lsp",
         description="Code-completion language server with REST speculative decoding. "
-        "With no command it serves LSP on stdio.",
+        f"With no command it runs `{DEFAULT_COMMAND}`: LSP on stdio.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
     sub = parser.add_subparsers(dest="command")
@@ -36,26 +40,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def with_command(argv: list[str]) -> list[str]:
+    """`argv` with its command named: DEFAULT_COMMAND's when the first word after the global flags is an option of
+    its own (or there is none); `-h` still asks for the list of commands."""
+    i = 0
+    while i < len(argv) and argv[i] in GLOBAL_FLAGS:
+        i += 1
+    if i == len(argv) or argv[i].startswith("-") and argv[i] not in ("-h", "--help"):
+        return [*argv[:i], DEFAULT_COMMAND, *argv[i:]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     from rest_lsp.errors import ModelLoadError, UserError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "-v", "--verbose"):
-        # `rest-lsp`, `rest-lsp --stdio`, `rest-lsp --tcp HOST:PORT`: the language server
-        from rest_lsp import server
-
-        parser = argparse.ArgumentParser(prog="rest-lsp")
-        server.add_arguments(parser)
-        return server.run(parser.parse_args(argv))
+    argv = with_command(list(sys.argv[1:] if argv is None else argv))
     command = next((a for a in argv if not a.startswith("-")), None)  # options before it take no value
     args = build_parser(command).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
-    if args.command is None:
-        from rest_lsp import server
-
-        parser = argparse.ArgumentParser(prog="rest-lsp")
-        server.add_arguments(parser)
-        return server.run(parser.parse_args([]))
     try:
         return importlib.import_module(args.module).run(args)
     except (UserError, ModelLoadError) as err:

@@ -138,8 +138,8 @@ def _serve() -> None:
         return new
 
     CompletionService.moved = recorded_moved
-    sys.argv = ["rest_lsp.server", *sys.argv[1:]]
-    runpy.run_module("rest_lsp.server", run_name="__main__", alter_sys=True)
+    sys.argv = ["rest_lsp.cli", *sys.argv[1:]]
+    runpy.run_module("rest_lsp.cli", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ def modes_here() -> list[str]:
 
 
 def server_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rest_lsp.server", "--stdio", *args]
+    return [sys.executable, "-m", "rest_lsp.cli", "--stdio", *args]
 
 
 def greedy(model_dir: Path, before: str, after: str, n: int, budget: int = 1024) -> str:

@@ -24,10 +24,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("settings", ("rest_lsp.settings",)),
     ("service", ("rest_lsp.service",)),
     ("team", ("rest_lsp.team",)),
+    ("lsp", ("rest_lsp.lsp",)),
     ("commands", ("rest_lsp.commands",)),
-    ("server", ("rest_lsp.server", "rest_lsp.admission", "rest_lsp.tcp")),
     ("cli", ("rest_lsp.cli",)),
 ]
+# Layers at one height: neither imports the other (the server holds a service by its interface; the `lsp` command
+# picks the team's one).
+BESIDE: set[frozenset[str]] = {frozenset({"team", "lsp"})}
 # Third-party packages a layer must never import (the service knows no LSP types; the datastore no model).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "datastore": ("torch", "transformers", "lsprotocol", "pygls"),
@@ -90,9 +93,11 @@ def violations(package: Path = PACKAGE) -> list[str]:
         for target, line in imports_of(path, package):
             where = f"{path.relative_to(package.parent)}:{line}"
             if target.split(".")[0] == "rest_lsp":
+                src_name, target_name = LAYERS[src_layer][0], LAYERS[layer_of(target)][0]
                 if layer_of(target) > src_layer:
-                    out.append(f"{where}: {src} ({LAYERS[src_layer][0]}) imports {target} "
-                               f"({LAYERS[layer_of(target)][0]}), a layer above it")
+                    out.append(f"{where}: {src} ({src_name}) imports {target} ({target_name}), a layer above it")
+                elif frozenset({src_name, target_name}) in BESIDE:
+                    out.append(f"{where}: {src} ({src_name}) imports {target} ({target_name}), a layer beside it")
             elif target.split(".")[0] in FORBIDDEN.get(LAYERS[src_layer][0], ()):
                 out.append(f"{where}: {src} ({LAYERS[src_layer][0]}) imports {target}")
     return out
@@ -121,6 +126,19 @@ def test_an_upward_import_is_caught(tmp_path):
                                 "rest_lsp.engine (engine), a layer above it",
                                 "rest_lsp/datastore/store.py:4: rest_lsp.datastore.store (datastore) imports "
                                 "rest_lsp.engine.decoding (engine), a layer above it"]
+
+
+def test_an_import_between_layers_side_by_side_is_caught(tmp_path):
+    """The language server may not import a team's module: the `lsp` command hands it the service."""
+    fake = tmp_path / "rest_lsp"
+    for folder in ("lsp", "team"):
+        (fake / folder).mkdir(parents=True)
+        (fake / folder / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "team" / "remote.py").write_text("")
+    (fake / "lsp" / "server.py").write_text("from rest_lsp.team.remote import RemoteService\n")
+    assert violations(fake) == ["rest_lsp/lsp/server.py:1: rest_lsp.lsp.server (lsp) imports rest_lsp.team.remote "
+                                "(team), a layer beside it"]
 
 
 @pytest.mark.parametrize("layer", [name for name, _ in LAYERS if (PACKAGE / name / "__init__.py").exists()])

@@ -1,6 +1,7 @@
-"""The command-line commands besides the server: `generate`, `index`, `complete`.
+"""The command-line commands: `lsp` (the language server process, the default), `generate`, `index`, `complete`,
+`serve`.
 
 Each module has `add_arguments(parser)` and `run(args) -> int`.
-Knows: arguments and printing; wires the layers below as the server does.
-Never imports: `rest_lsp.server`, `rest_lsp.cli`.
+Knows: arguments, printing, the process's exit; wires the layers below (the language server among them).
+Never imports: `rest_lsp.cli`.
 """

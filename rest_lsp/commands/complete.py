@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from rest_lsp import settings as settings_module
-from rest_lsp.positions import last_line, line_bounds
+from rest_lsp.lsp.positions import last_line, line_bounds
 from rest_lsp.service.completion import BadText, CompletionService, NoEvents
 from rest_lsp.settings import Settings
 

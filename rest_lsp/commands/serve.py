@@ -8,9 +8,9 @@ import sys
 import threading
 from pathlib import Path
 
+from rest_lsp.auth import is_loopback
 from rest_lsp.errors import UserError
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 OBJECT_STORE_MB = 200  # the replicas pass token ids and text, never tensors: Ray's default would map gigabytes
 
 
@@ -40,7 +40,7 @@ def start(args: argparse.Namespace, ray_init: dict | None = None) -> str:
 
     from rest_lsp.settings import Settings
     from rest_lsp.team.deployment import application
-    from rest_lsp.team.token import read_token
+    from rest_lsp.auth import read_token
 
     read_token(args.token_file)  # a bad file stops here, not in every replica
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("rest-lsp serve needs the serve extra: pip install 'rest-lsp[serve]'", file=sys.stderr)
         return 2
-    if args.host not in LOOPBACK and not args.tls_cert:
+    if not is_loopback(args.host) and not args.tls_cert:
         print(f"rest-lsp serve: listening on {args.host} without --tls-cert: tokens and code would cross the network "
               "in clear text, so editors on other machines refuse its http:// URL.", file=sys.stderr)
     done = threading.Event()

@@ -4,7 +4,7 @@ Datastore: segments + tombstones + merges, thread-safe, a DraftSource.
 WorkspaceIndex: walks, watches and persists a workspace into a Datastore.
 
 Knows: files, ignore rules, token ids (through a `tokenize` callable), segments on disk.
-Never imports: `rest_lsp.drafting`, `rest_lsp.engine`, `rest_lsp.service`, `rest_lsp.commands`, `rest_lsp.server`,
+Never imports: `rest_lsp.drafting`, `rest_lsp.engine`, `rest_lsp.service`, `rest_lsp.commands`, `rest_lsp.lsp`,
 `rest_lsp.cli`, torch or transformers.
 """
 

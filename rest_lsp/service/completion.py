@@ -41,11 +41,11 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Protocol
 
 from rest_lsp.drafting.drafts import SOURCE_NAMES
 from rest_lsp.service.extra_context import ExtraContext, PromptHead
 from rest_lsp.service.feeding import DatastoreFeed, HostThreads, workspace_key
+from rest_lsp.service.interface import BadText, ServiceEvents
 from rest_lsp.service.postprocess import StopContext, stop_context, trim
 from rest_lsp.service.lifecycle import ServingModel, clamped, fit_context, load_serving_model
 from rest_lsp.service.pacing import LineBudget, TypingPace
@@ -56,7 +56,7 @@ from rest_lsp.settings import Settings
 from rest_lsp.service.suggestion_cache import Prefetch, SuggestionCache, text_settings
 from rest_lsp.service.suggestions import ACCEPT_CONTEXT_CHARS, IncrementalText, ShownSuggestions, whole_characters
 
-__all__ = ["Completion", "CompletionService", "NoEvents", "ServiceEvents", "Ticket", "finish_text"]
+__all__ = ["BadText", "Completion", "CompletionService", "NoEvents", "ServiceEvents", "Ticket", "finish_text"]
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,6 @@ PREWARM_CHUNK = 64
 PROMPT_STARTS = 16
 
 
-class BadText(ValueError):
-    """A document text no prompt can be built from; str(err) is one sentence for the user."""
-
-
 def check_text(text: str) -> None:
     """Raise BadText for text the tokenizer refuses (a lone surrogate: valid JSON, not valid Unicode)."""
     if text.isascii():
@@ -84,15 +80,6 @@ def check_text(text: str) -> None:
         line = text.count("\n", 0, err.start) + 1
         raise BadText(f"rest-lsp: line {line} holds a lone surrogate (U+{ord(text[err.start]):04X}), which is not "
                       "valid Unicode; no completion until it is removed.") from None
-
-
-class ServiceEvents(Protocol):
-    """What the service tells its owner; called from the service's threads."""
-
-    def message(self, level: str, text: str) -> None: ...  # level: "error" | "warning" | "info"
-    def index_begin(self, root: str) -> None: ...
-    def index_progress(self, root: str, done: int, total: int) -> None: ...
-    def index_end(self, root: str, stats: dict) -> None: ...
 
 
 class NoEvents:
@@ -110,6 +97,8 @@ class NoEvents:
 
 
 class CompletionService(HostThreads):
+    """The Service (interface.py) that decodes in this process."""
+
     def __init__(self, settings: Settings, events: ServiceEvents | None = None, load=None):
         self.settings = settings
         # settings -> ServingModel; a team's replica passes one that shares its loaded model among workspaces

@@ -110,6 +110,8 @@ class Job:
 class Ticket:
     """A submitted request: its future resolves to a Completion or None (nothing to show)."""
 
+    future: Future
+
     def __init__(self, job: Job):
         self._job = job
         self.future: Future = job.attach()

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 
 from rest_lsp.team.protocol import (API, AcceptRequest, CancelRequest, CompleteReply, CompleteRequest, Delta,
                                     DraftsRequest, Events, Problem, Snapshot, SyncReply, TokenizerReply)
-from rest_lsp.team.token import bearer_matches
+from rest_lsp.auth import bearer_matches
 from rest_lsp.team.workspaces import CURRENT_WORKSPACE, BadTokens, SyncRefused, Workspaces
 
 log = logging.getLogger(__name__)

@@ -27,10 +27,10 @@ class TeamReplica:
     def __init__(self, settings: dict, token_file: str, budget_mb: int, threads: int):
         import torch
 
+        from rest_lsp.auth import read_token
         from rest_lsp.settings import Settings
         from rest_lsp.team.app import Replica
         from rest_lsp.team.shared_model import SharedModel
-        from rest_lsp.team.token import read_token
         from rest_lsp.team.workspaces import Workspaces
 
         torch.set_num_threads(threads)

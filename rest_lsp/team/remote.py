@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
+from rest_lsp.auth import is_loopback
 from rest_lsp.datastore.ignore import is_secret_path
 from rest_lsp.service.feeding import DatastoreFeed, HostThreads, workspace_key
 from rest_lsp.service.scheduling import Completion, resolve_future
@@ -37,7 +38,6 @@ SYNC_WAIT_S = 0.2  # a delta gathers the changes of this long
 INDEX_WAIT_S = 120  # the first snapshot waits this long for the local index (completions meanwhile use the model)
 COMPLETE_SLACK_S = 10.0  # a completion waits this much longer than the time budget before it is given up
 STATS_WAIT_S = 2.0  # the server's part of stats(): asked for this long (off the event loop, waited for as long)
-LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 def workspace_id(roots: list[Path]) -> str:
@@ -49,6 +49,8 @@ def workspace_id(roots: list[Path]) -> str:
 
 
 class RemoteTicket:
+    future: Future
+
     def __init__(self, service: "RemoteService", request_id: str):
         self._service, self.request_id = service, request_id
         self.future: Future = Future()
@@ -64,6 +66,8 @@ class RemoteTicket:
 
 
 class RemoteService(HostThreads):
+    """The Service (rest_lsp/service/interface.py) that a team's server decodes for."""
+
     def __init__(self, settings: Settings, events, url: str, token: str, ca_file: str | None = None,
                  timeout_s: float | None = None):
         self.settings = settings
@@ -135,7 +139,8 @@ class RemoteService(HostThreads):
         if self._ready.is_set() and workspace_key(old) != workspace_key(settings):
             self._feed.restart_indexing()
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, wait_for_loads: bool = True) -> None:
+        """Stop syncing and free the workspace on the server; `wait_for_loads` means nothing here (no model loads)."""
         if self.status == "connected":  # the replica may free the workspace now rather than at its LRU's turn
             try:
                 self._http.call("DELETE", f"{API}/workspaces/{self.workspace}", timeout=2, closing=True)
@@ -469,15 +474,6 @@ def _on_event_loop() -> bool:
     return True
 
 
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return host in LOOPBACK or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def remote_target(url: str, token_file: str | None,
                   ca_file: str | None = None) -> tuple[str, str, str | None] | str:
     """(url, token, CA file) for `--remote URL --token-file F [--remote-ca-file C]`, or the sentence that says what
@@ -486,12 +482,12 @@ def remote_target(url: str, token_file: str | None,
     from urllib.parse import urlsplit
 
     from rest_lsp.errors import UserError
-    from rest_lsp.team.token import read_token
+    from rest_lsp.auth import read_token
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"rest-lsp: --remote wants an http:// or https:// URL, got {url!r}."
-    if parts.scheme == "http" and not _loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         return (f"rest-lsp: --remote {url} would send the token and your code in clear text: use https:// (the "
                 "server's --tls-cert; --remote-ca-file here for a self-signed one), or http:// to a loopback "
                 "address only (an SSH tunnel).")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from rest_lsp.datastore import Datastore, Source, WorkspaceIndex
-from rest_lsp.server import _doc_id
+from rest_lsp.lsp.server import _doc_id
 
 
 def toks(text: str) -> list[int]:

@@ -7,7 +7,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from support import command, greedy, inline, open_doc, server_command, start, wait_until
 
-from rest_lsp.server import STATS_COMMAND
+from rest_lsp.lsp.server import STATS_COMMAND
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -10,14 +10,14 @@ import textwrap
 import threading
 
 from support import command, cursor_at_end, inline, open_doc, server_command, start, wait_for, wait_until
-from rest_lsp.server import STATS_COMMAND
+from rest_lsp.lsp.server import STATS_COMMAND
 
 # The server with a model load that never ends and, like a load inside torch, holds the process: Python's own exit
 # waits for the thread it runs (a non-daemon one). It says when it has begun by creating $LOAD_STARTED.
 BLOCKED_LOAD_SERVER = textwrap.dedent("""
     import os, sys, threading
     import rest_lsp.service.completion as completion
-    from rest_lsp.server import main
+    from rest_lsp.cli import main
 
     def blocked_load(settings):
         open(os.environ["LOAD_STARTED"], "w").close()
@@ -82,7 +82,7 @@ async def test_exit_without_shutdown_while_decoding_ends_with_1_and_a_quiet_log(
 
 
 def test_closing_at_shutdown_does_not_wait_for_a_model_load(monkeypatch):
-    from rest_lsp.server import _close
+    from rest_lsp.lsp.server import close_service
     from rest_lsp.service import completion
     from rest_lsp.settings import Settings
 
@@ -102,7 +102,7 @@ def test_closing_at_shutdown_does_not_wait_for_a_model_load(monkeypatch):
         real_join = thread.join
         thread.join = lambda timeout=None, t=thread, j=real_join: (joined.append(t.name), j(timeout))[1]
     try:
-        _close(service)
+        close_service(service)
         assert completion.LOADER_THREAD not in joined
     finally:
         release.set()

@@ -9,8 +9,8 @@ from lsprotocol import types
 from pygls.workspace import TextDocument
 from pygls.workspace.position_codec import PositionCodec, UnitCounter
 
-from rest_lsp.positions import characters, line_bounds, units
-from rest_lsp.server import LspTextDocument, _changed_at, _cursor, lsp_lines
+from rest_lsp.lsp.positions import characters, line_bounds, units
+from rest_lsp.lsp.server import LspTextDocument, _changed_at, _cursor, lsp_lines
 
 ENCODINGS = [types.PositionEncodingKind.Utf16, types.PositionEncodingKind.Utf8, types.PositionEncodingKind.Utf32]
 # one character of each width, lone surrogates (valid JSON), and LSP's three line breaks

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from support import command, cursor_at_end, inline, open_doc, start, wait_until
-from rest_lsp.server import STATS_COMMAND
+from rest_lsp.lsp.server import STATS_COMMAND
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pytest_lsp import make_test_lsp_client
 
 from support import capabilities, command, cursor_at_end, greedy, inline, open_doc, server_command, start, wait_until
 from step_gate import FileGate
-from rest_lsp.server import ACCEPT_COMMAND, CURSOR_NOTIFICATION, DRAFTS_COMMAND, STATS_COMMAND
+from rest_lsp.lsp.server import ACCEPT_COMMAND, CURSOR_NOTIFICATION, DRAFTS_COMMAND, STATS_COMMAND
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -11,7 +11,7 @@ from lsprotocol import types
 
 from support import command, cursor_at_end, greedy_of, inline, open_doc, server_command, start, wait_until
 from rest_lsp.engine.model import DEFAULT_MODEL
-from rest_lsp.server import STATS_COMMAND
+from rest_lsp.lsp.server import STATS_COMMAND
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from lsprotocol import types
 
 @pytest.mark.parametrize("sep", ["\x0c", "\u2028", "\x85", "\x0b"])
 def test_positions_and_edits_follow_lsp_line_breaks_only(sep):
-    from rest_lsp.server import LspTextDocument, _cursor
+    from rest_lsp.lsp.server import LspTextDocument, _cursor
 
     uri = "file:///tmp/ff.py"
     text = f"import os\n{sep}\ndef f():\n    return 1\n\nvalue = f("

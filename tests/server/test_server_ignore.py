@@ -5,7 +5,7 @@ import pytest
 from lsprotocol import types
 
 from support import command, server_command, start, wait_until
-from rest_lsp.server import DRAFTS_COMMAND, STATS_COMMAND
+from rest_lsp.lsp.server import DRAFTS_COMMAND, STATS_COMMAND
 
 FILES = {
     "kept.py": "def kept_marker_fn(alpha):\n    return alpha\n",

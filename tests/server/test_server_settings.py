@@ -2,13 +2,14 @@
 
 import argparse
 
-from rest_lsp import server
+from rest_lsp.commands import lsp as lsp_command
+from rest_lsp.lsp import server
 from rest_lsp.settings import Settings
 
 
 def cli_settings(*argv: str) -> Settings:
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    lsp_command.add_arguments(parser)
     return Settings.from_args(parser.parse_args(list(argv)))
 
 
@@ -36,7 +37,7 @@ def test_indexing_end_reports_the_indexers_counts():
     import asyncio
 
     from rest_lsp.datastore import Datastore, WorkspaceIndex
-    from rest_lsp.server import _Events
+    from rest_lsp.lsp.server import _Events
 
     ended = []
 

@@ -1,5 +1,5 @@
 """`--tcp` and `initialize` as an attacker meets them: one client a server, a token where one is set, loopback by
-default, a second initialize refused (rest_lsp/tcp.py, admission.py, auth.py)."""
+default, a second initialize refused (rest_lsp/lsp/tcp.py, lsp/admission.py, auth.py)."""
 
 import asyncio
 import json
@@ -14,12 +14,12 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidRequest
 
 from support import command, server_command, start, wait_until
-from rest_lsp import admission
-from rest_lsp.auth import TokenError, read_token, token_matches
-from rest_lsp.server import DRAFTS_COMMAND, STATS_COMMAND, create_server
+from rest_lsp.auth import TokenError, is_loopback, read_token, token_matches
+from rest_lsp.lsp import admission
+from rest_lsp.lsp.server import DRAFTS_COMMAND, STATS_COMMAND, create_server
 from rest_lsp.service.completion import CompletionService
 from rest_lsp.settings import Settings
-from rest_lsp.tcp import is_loopback, parse_address
+from rest_lsp.lsp.tcp import parse_address
 
 TOKEN = "s3cr3t-token-of-the-editor-0123456789"
 SECRET = "AWS_SECRET_ACCESS_KEY = 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY'"
@@ -310,11 +310,37 @@ def test_bad_addresses_say_what_is_wanted(text):
         parse_address(text)
 
 
-@pytest.mark.parametrize("host,loopback", [("127.0.0.1", True), ("127.3.2.1", True), ("::1", True),
-                                           ("localhost", True), ("0.0.0.0", False), ("::", False),
-                                           ("192.168.1.20", False), ("example.com", False)])
+HOSTS = [("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("0:0:0:0:0:0:0:1", True), ("localhost", True),
+         ("LocalHost", True), ("0.0.0.0", False), ("::", False), ("192.168.1.20", False), ("example.com", False)]
+
+
+@pytest.mark.parametrize("host,loopback", HOSTS)
 def test_which_hosts_are_loopback(host, loopback):
     assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize("host,loopback", HOSTS)
+def test_serve_and_remote_draw_the_line_where_tcp_does(host, loopback, token_file, monkeypatch, capsys):
+    """One rule for the three network modes: `serve` without TLS warns of clear text exactly where `--remote`
+    refuses an http:// URL and `--tcp` wants a token file (serve's own list warned for 127.3.2.1 and ::1 written
+    out in full)."""
+    from rest_lsp.commands import serve
+    from rest_lsp.team.remote import remote_target
+
+    url = f"http://[{host}]:8000" if ":" in host else f"http://{host}:8000"
+    assert isinstance(remote_target(url, str(token_file)), tuple) is loopback
+
+    class Started(Exception):
+        pass
+
+    def start(args):
+        raise Started
+
+    monkeypatch.setattr(serve, "start", start)  # the warning comes before the cluster
+    monkeypatch.setattr(serve.signal, "signal", lambda *a: None)
+    with pytest.raises(Started):
+        serve.run(SimpleNamespace(host=host, tls_cert=None))
+    assert ("clear text" in capsys.readouterr().err) is not loopback
 
 
 def test_a_token_file_is_read_and_refused_when_others_may_read_it(tmp_path, token_file):

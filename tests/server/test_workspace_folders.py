@@ -8,7 +8,7 @@ import os
 from lsprotocol import types
 
 from support import command, server_command, start, wait_until
-from rest_lsp.server import DRAFTS_COMMAND, STATS_COMMAND
+from rest_lsp.lsp.server import DRAFTS_COMMAND, STATS_COMMAND
 
 
 async def test_added_folders_are_indexed_and_watched_removed_ones_dropped(tiny_models, tmp_path):

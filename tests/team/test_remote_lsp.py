@@ -25,7 +25,7 @@ async def test_the_editors_server_completes_through_the_team_server(live, tmp_pa
     root.mkdir()
     (root / "lib.py").write_text("def frobnicate_widget(count):\n    return count * 7\n")
     options = {"maxNewTokens": 8, "debounceMs": 0, "cacheDir": str(tmp_path / "cache")}
-    cmd = [sys.executable, "-m", "rest_lsp.server", "--stdio", "--remote", url, "--token-file",
+    cmd = [sys.executable, "-m", "rest_lsp.cli", "--stdio", "--remote", url, "--token-file",
            str(token_file(tmp_path))]
     client, _ = await start(cmd, root, "visual-studio-code", options)
     try:
@@ -47,13 +47,13 @@ async def test_the_editors_server_completes_through_the_team_server(live, tmp_pa
 
 
 def test_remote_without_a_token_file_refuses_to_start_with_one_sentence(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "rest_lsp.server", "--stdio", "--remote", "http://127.0.0.1:9"],
+    out = subprocess.run([sys.executable, "-m", "rest_lsp.cli", "--stdio", "--remote", "http://127.0.0.1:9"],
                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "--token-file" in out.stderr
     loose = tmp_path / "loose"
     loose.write_text(TOKEN)
     loose.chmod(0o644)
-    out = subprocess.run([sys.executable, "-m", "rest_lsp.server", "--stdio", "--remote", "http://127.0.0.1:9",
+    out = subprocess.run([sys.executable, "-m", "rest_lsp.cli", "--stdio", "--remote", "http://127.0.0.1:9",
                           "--token-file", str(loose)], capture_output=True, text=True, timeout=60,
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 2 and "chmod 600" in out.stderr

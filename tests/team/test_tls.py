@@ -89,7 +89,7 @@ def test_remote_targets_http_only_to_loopback_and_a_ca_file_only_with_https(tmp_
 
 
 def test_the_language_server_refuses_a_clear_text_remote_in_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "rest_lsp.server", "--stdio", "--remote", "http://10.1.2.3:8000",
+    out = subprocess.run([sys.executable, "-m", "rest_lsp.cli", "--stdio", "--remote", "http://10.1.2.3:8000",
                           "--token-file", str(token_file(tmp_path))], capture_output=True, text=True, timeout=60,
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "clear text" in out.stderr
@@ -99,7 +99,7 @@ async def test_the_language_server_completes_over_https_with_remote_ca_file(tls_
     url, _, cert = tls_live
     root = tmp_path / "ws"
     root.mkdir()
-    cmd = [sys.executable, "-m", "rest_lsp.server", "--stdio", "--remote", url, "--token-file",
+    cmd = [sys.executable, "-m", "rest_lsp.cli", "--stdio", "--remote", url, "--token-file",
            str(token_file(tmp_path)), "--remote-ca-file", str(cert)]
     client, _ = await start(cmd, root, "visual-studio-code",
                             {"maxNewTokens": 8, "debounceMs": 0, "cacheDir": str(tmp_path / "cache")})

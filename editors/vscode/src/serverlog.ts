@@ -5,7 +5,7 @@
 export type Level = "debug" | "info" | "warn" | "error";
 
 const LEVELS: Record<string, Level> = { DEBUG: "debug", INFO: "info", WARNING: "warn", ERROR: "error", CRITICAL: "error" };
-// rest_lsp/server.py's format: "%(asctime)s %(levelname)s %(name)s: %(message)s".
+// rest_lsp/commands/lsp.py's format: "%(asctime)s %(levelname)s %(name)s: %(message)s".
 const LOG_LINE = /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)? (DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)$/;
 
 export class ServerLogReader {

@@ -3,7 +3,7 @@
 
 import type { ServerState, Speed } from "./status";
 
-// The keys of `rest-lsp.stats` that the status bar shows (see rest_lsp/server.py).
+// The keys of `rest-lsp.stats` that the status bar shows (see rest_lsp/service/counters.py).
 export const STAT_KEYS = {
   tokensPerStep: "mean_tokens_per_step",
   msPerToken: "mean_ms_per_token",

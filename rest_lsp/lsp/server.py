@@ -1,24 +1,22 @@
-"""The language server: pygls wiring around the CompletionService, nothing more.
+"""The language server: pygls wiring around a completion service, nothing more.
 
-Handlers are thin: they turn LSP positions into character offsets and service answers
-into LSP items. Completion handlers are coroutines, so `$/cancelRequest` cancels them
-at their `await`; they then stop the service's work too, and the client gets
-RequestCancelled. The service calls back from its own threads: those calls are handed
-to the event loop, the only thread that writes to the client.
+The service is whatever implements `rest_lsp.service.interface.Service` (the CompletionService, or a team's
+RemoteService, as the `lsp` command chooses); the server never asks which. Handlers are thin: they turn LSP
+positions into character offsets and service answers into LSP items. Completion handlers are coroutines, so
+`$/cancelRequest` cancels them at their `await`; they then stop the service's work too, and the client gets
+RequestCancelled. The service calls back from its own threads: those calls are handed to the event loop, the only
+thread that writes to the client.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
 import re
-import sys
-import threading
 import uuid
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable
 from urllib.parse import unquote
 
 from lsprotocol import types
@@ -27,11 +25,12 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument, Workspace
 
-from rest_lsp import __version__, tcp
+from rest_lsp import __version__
 from rest_lsp import settings as settings_module
-from rest_lsp.admission import OnceInitializedProtocol
-from rest_lsp.positions import characters, last_line, line_bounds, offset_at, units
-from rest_lsp.service.completion import BadText, Completion, CompletionService
+from rest_lsp.lsp.admission import OnceInitializedProtocol
+from rest_lsp.lsp.positions import characters, last_line, line_bounds, offset_at, units
+from rest_lsp.service.completion import CompletionService
+from rest_lsp.service.interface import BadText, Completion, Service, ServiceFactory
 from rest_lsp.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,7 +42,6 @@ LABEL_CHARS = 60
 # Our notification: the editor's cursor moved (params: textDocument.uri, position), where the next request will
 # likely come; a file just opened has no edit to tell it.
 CURSOR_NOTIFICATION = "restLsp/cursor"
-CLOSE_AT_EXIT_S = 5.0  # `exit` without `shutdown`: how long the service may take to stop before the process ends
 
 
 # LSP counts lines at \n, \r\n and \r only; str.splitlines also splits at \f, \v, \x1c-\x1e, \x85, \u2028, \u2029.
@@ -78,13 +76,15 @@ class LspWorkspace(Workspace):
 
 
 class RestLanguageServer(LanguageServer):
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, on_exit: Callable[[RestLanguageServer, int], object] | None = None):
         super().__init__("rest-lsp", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
                          protocol_cls=OnceInitializedProtocol)  # a second initialize is refused, the first kept
         self.defaults = settings  # the CLI flags: what a null setting from the editor goes back to
         self.settings = settings  # CLI flags, then initializationOptions, then didChangeConfiguration
-        self.service: CompletionService | None = None
+        self.service: Service | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.shut_down, self.exit_code = False, None  # what `shutdown` and `exit` said
+        self.on_exit = on_exit  # ends the process at `exit` (the `lsp` command's); None: pygls' own exit
 
     def show(self, level: str, text: str) -> None:
         kind = {"error": types.MessageType.Error, "warning": types.MessageType.Warning}.get(level, types.MessageType.Info)
@@ -262,22 +262,24 @@ def _quiet_content_modified() -> None:
         rpc_log.addFilter(_ContentModifiedIsNoError())
 
 
-def create_server(settings: Settings | None = None, remote: tuple[str, str] | None = None) -> RestLanguageServer:
-    """The language server; with `remote` (a team server's URL, its token) the service runs there (rest_lsp.team)."""
+def close_service(service: Service) -> None:
+    """Stop the service's work; a model load under way is not waited for (it cannot be stopped, and the process
+    ends without Python's exit, which would wait for it, or abort while it runs inside torch)."""
+    service.close(wait_for_loads=False)
+
+
+def create_server(settings: Settings | None = None, make_service: ServiceFactory = CompletionService,
+                  on_exit: Callable[[RestLanguageServer, int], object] | None = None) -> RestLanguageServer:
+    """The language server; `make_service(settings, events)` builds its service at `initialize`, and `on_exit(server,
+    code)` ends the process at `exit`."""
     _quiet_content_modified()
-    server = RestLanguageServer(settings or Settings())
-    server.shut_down, server.exit_code = False, None  # what `shutdown` and `exit` said: run() exits with it
+    server = RestLanguageServer(settings or Settings(), on_exit)
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: RestLanguageServer, params: types.InitializeParams) -> None:
         ls.loop = asyncio.get_running_loop()
         ls.workspace.__class__ = LspWorkspace  # pygls built it just before this handler: same state, LSP lines
-        if remote is not None:
-            from rest_lsp.team.remote import RemoteService
-
-            ls.service = RemoteService(ls.settings, _Events(ls, ls.loop), *remote)
-        else:
-            ls.service = CompletionService(ls.settings, _Events(ls, ls.loop))
+        ls.service = make_service(ls.settings, _Events(ls, ls.loop))
         ls.apply_settings(params.initialization_options)
 
     @server.feature(types.INITIALIZED)
@@ -298,10 +300,10 @@ def create_server(settings: Settings | None = None, remote: tuple[str, str] | No
 
     @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
     async def did_change_workspace_folders(ls: RestLanguageServer, params: types.DidChangeWorkspaceFoldersParams):
-        change = getattr(ls.service, "change_roots", None)  # a team client keeps the folders it started with
-        if change is not None:
+        if ls.service is not None:
             async with folder_changes:  # in a thread: removing a folder joins its watcher
-                await asyncio.to_thread(change, _folder_paths(params.event.added), _folder_paths(params.event.removed))
+                await asyncio.to_thread(ls.service.change_roots, _folder_paths(params.event.added),
+                                        _folder_paths(params.event.removed))
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
@@ -381,87 +383,14 @@ def create_server(settings: Settings | None = None, remote: tuple[str, str] | No
         first, ls.shut_down = not ls.shut_down, True
         if ls.service is not None and first:
             # in a thread: close() joins threads that may wait for this event loop (progress reports)
-            await asyncio.to_thread(_close, ls.service)
+            await asyncio.to_thread(close_service, ls.service)
 
     @server.feature(types.EXIT)
     def exit_(ls: RestLanguageServer, *args) -> None:
         # The process ends here: pygls' own exit loses its code on the way out of start_io, and its event loop, left
         # running while the service stops, would write the service's last answers into the closed stream.
         ls.exit_code = 0 if ls.shut_down else 1
-        _finish(ls, ls.exit_code)
+        if ls.on_exit is not None:
+            ls.on_exit(ls, ls.exit_code)
 
     return server
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
-    parser.add_argument("--tcp", metavar="[HOST:]PORT",
-                        help="listen for one LSP client on a TCP socket (host 127.0.0.1 unless given; [::1]:PORT "
-                             "for IPv6; any other than loopback needs --token-file)")
-    parser.add_argument("--token-file", metavar="FILE",
-                        help="with --tcp: a client must send this file's token in initializationOptions.token "
-                             "(the file: one line, mode 600)")
-    parser.add_argument("--remote", metavar="URL",
-                        help="a team's server (`rest-lsp serve`) decodes; this process indexes and sends the "
-                             "workspace (needs --token-file: the server's token)")
-    parser.add_argument("--remote-ca-file", metavar="FILE",
-                        help="with an https:// --remote: trust the server's certificate by this CA file (PEM; a "
-                             "team's self-signed certificate) instead of the system's")
-    parser.add_argument("--log-file", help="write the server log here (default: stderr)")
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    settings_module.add_arguments(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
-    logging.basicConfig(level=args.log_level, handlers=[handler],
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.log_level != "DEBUG":  # pygls logs every message at INFO
-        logging.getLogger("pygls").setLevel(logging.WARNING)
-    remote = None
-    if getattr(args, "remote", None):
-        from rest_lsp.team.remote import remote_target
-
-        remote = remote_target(args.remote, getattr(args, "token_file", None), getattr(args, "remote_ca_file", None))
-        if isinstance(remote, str):
-            print(remote, file=sys.stderr)
-            return 2
-    server = create_server(Settings.from_args(args), remote)
-    code = tcp.run(server, args.tcp, args.token_file) if args.tcp else (server.start_io() or 0)
-    return code if server.service is None else _finish(server, code)  # the client left without `exit`
-
-
-def _close(service) -> None:
-    """Stop the service's work; a model load under way is not waited for (it cannot be stopped, and _finish ends
-    the process without Python's exit, which would wait for it, or abort while it runs inside torch)."""
-    if isinstance(service, CompletionService):
-        service.close(wait_for_loads=False)
-    else:
-        service.close()
-
-
-def _finish(server: RestLanguageServer, code: int) -> NoReturn:
-    """End the process: stop the service if `shutdown` did not (for at most CLOSE_AT_EXIT_S), then exit with `code`
-    without Python's own exit, which would join threads that never stop (the stdin reader, a model load) or abort
-    while they run inside torch ("terminate called without an active exception")."""
-    if server.service is not None and not server.shut_down:
-        closer = threading.Thread(target=_close, args=(server.service,), name="rest-lsp-exit", daemon=True)
-        closer.start()
-        closer.join(CLOSE_AT_EXIT_S)
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rest-lsp", description="REST code-completion language server")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import sys
@@ -14,8 +13,8 @@ from pygls.exceptions import JsonRpcException
 from pygls.io_ import run_async
 from pygls.lsp.server import LanguageServer
 
-from rest_lsp import admission
-from rest_lsp.auth import TokenError, read_token
+from rest_lsp.auth import TokenError, is_loopback, read_token
+from rest_lsp.lsp import admission
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +35,6 @@ def parse_address(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"--tcp wants PORT, HOST:PORT or [IPv6]:PORT (a port 1-65535), got {text!r}.")
     return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    """True for 'localhost' and loopback IP literals; any other name may resolve to anything, so it is not."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def run(server: LanguageServer, address: str, token_file: str | None) -> int:
