@@ -24,11 +24,12 @@ MAX_ONGOING_REQUESTS = 32
 
 @serve.ingress()
 class TeamReplica:
-    def __init__(self, settings: dict, token_file: str, budget_mb: int, threads: int):
+    def __init__(self, settings: dict, token_file: str, budget_mb: int, threads: int, limits: dict | None = None):
         import torch
 
         from rest_lsp.settings import Settings
         from rest_lsp.team.app import Replica
+        from rest_lsp.team.limits import Limits
         from rest_lsp.team.shared_model import SharedModel
         from rest_lsp.team.token import read_token
         from rest_lsp.team.workspaces import Workspaces
@@ -37,9 +38,10 @@ class TeamReplica:
         log_to_serve()
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
         settings = Settings(**values)
-        shared = SharedModel(settings)
+        limits = Limits(**(limits or {}))
+        shared = SharedModel(settings, limits)
         name = serve.get_replica_context().replica_id.unique_id
-        self.replica = Replica(Workspaces(shared, settings, budget_mb << 20), read_token(token_file), name)
+        self.replica = Replica(Workspaces(shared, settings, budget_mb << 20, limits), read_token(token_file), name)
         log.info("replica %s: model %s ready (%s)", name, shared.base.loaded.name, shared.base.decoder.mode)
 
     def __serve_build_asgi_app__(self):
@@ -75,7 +77,8 @@ def log_to_serve(level: int = logging.INFO) -> None:
     ours.propagate = False
 
 
-def application(settings, token_file: str, replicas: int, num_cpus: float, num_gpus: float, budget_mb: int):
+def application(settings, token_file: str, replicas: int, num_cpus: float, num_gpus: float, budget_mb: int,
+                limits=None):
     """The bound application: `replicas` copies, each with `num_cpus` torch threads (Ray sets OpenMP's from it)."""
     deployment = serve.deployment(
         TeamReplica, name=DEPLOYMENT, num_replicas=replicas, max_ongoing_requests=MAX_ONGOING_REQUESTS,
@@ -83,4 +86,5 @@ def application(settings, token_file: str, replicas: int, num_cpus: float, num_g
         request_router_config=RequestRouterConfig(request_router_class=ROUTER),
         health_check_period_s=2, health_check_timeout_s=30)
     threads = max(1, int(num_cpus))
-    return deployment.bind(dataclasses.asdict(settings), str(token_file), budget_mb, threads)
+    limits = dataclasses.asdict(limits) if limits is not None else None
+    return deployment.bind(dataclasses.asdict(settings), str(token_file), budget_mb, threads, limits)
