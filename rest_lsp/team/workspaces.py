@@ -102,14 +102,16 @@ class _Events(NoEvents):
         getattr(self.log, level if level in ("error", "warning", "info") else "info")(text)
 
 
-def _checked(docs: list[Doc], vocab_size: int) -> list[tuple[str, np.ndarray, object]]:
+def _checked(docs: list[Doc], vocab_size: int, field: str) -> list[tuple[str, np.ndarray, object]]:
+    """(doc id, token ids, source) of each document; BadTokens naming the first with ids past the vocabulary
+    (protocol.py bounds them to int32 first: they fit int64)."""
     from rest_lsp.datastore import Source
 
     out = []
-    for doc in docs:
+    for i, doc in enumerate(docs):
         tokens = np.asarray(doc.tokens, dtype=np.int64)
         if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
-            raise BadTokens(f"document {doc.doc_id!r} holds token ids outside 0..{vocab_size - 1}.")
+            raise BadTokens(f"The body's field {field}[{i}].tokens holds token ids outside 0..{vocab_size - 1}.")
         source = Source.OPEN_BUFFER if doc.source == "buffer" else Source.WORKSPACE
         out.append((doc.doc_id, tokens, source))
     return out
@@ -149,7 +151,7 @@ class WorkspaceState:
         if snap.tokenizer_key != self.shared.tokenizer_key:
             raise SyncRefused(f"the workspace was tokenized with tokenizer {snap.tokenizer_key}, the server's model "
                               f"uses {self.shared.tokenizer_key}: fetch the server's tokenizer and index again.")
-        puts = _checked(snap.docs, self.shared.vocab_size)
+        puts = _checked(snap.docs, self.shared.vocab_size, "docs")
         self.apply_settings(snap.settings)
         datastore = self.service._datastore
         with self.lock:
@@ -161,7 +163,7 @@ class WorkspaceState:
         return self.reply()
 
     def delta(self, delta: Delta) -> SyncReply:
-        puts = _checked(delta.puts, self.shared.vocab_size)
+        puts = _checked(delta.puts, self.shared.vocab_size, "puts")
         with self.lock:
             if delta.epoch != self.epoch:
                 return self.reply(True, "unknown epoch")

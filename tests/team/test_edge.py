@@ -30,6 +30,9 @@ def test_token_ids_past_any_vocabulary_are_a_422_not_a_500(client, shared, big):
     reply = client.post(f"{API}/workspaces/ws1/snapshot", json=body)
     assert reply.status_code == 422 and "docs[0].tokens[1]" in sentence_of(reply)
     assert client.post(f"{API}/workspaces/ws1/snapshot", json={**body, "docs": []}).status_code == 200
+    named = {**body, "docs": [{"doc_id": "secret-name.py", "tokens": [shared.vocab_size]}]}
+    reply = client.post(f"{API}/workspaces/ws1/snapshot", json=named)
+    assert reply.status_code == 422 and "docs[0].tokens" in sentence_of(reply) and "secret" not in reply.text
     delta = {"epoch": "e1", "seq": 1, "puts": [{"doc_id": "b", "tokens": [big]}]}
     reply = client.post(f"{API}/workspaces/ws1/delta", json=delta)
     assert reply.status_code == 422 and "puts[0].tokens[0]" in sentence_of(reply)
