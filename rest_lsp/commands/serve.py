@@ -145,12 +145,12 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("rest-lsp serve needs the serve extra: pip install 'rest-lsp[serve]'", file=sys.stderr)
             return 2
-        return _serve(args)
+        return _serve(args, ray_local.seal_sessions)
     finally:
         ray_local.forget(token_folder)
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, started=lambda: None) -> int:
     if args.host not in LOOPBACK and not args.tls_cert:
         print(f"rest-lsp serve: listening on {args.host} without --tls-cert: tokens and code would cross the network "
               "in clear text, so editors on other machines refuse its http:// URL.", file=sys.stderr)
@@ -158,6 +158,7 @@ def _serve(args: argparse.Namespace) -> int:
     stopping = _on_stop_signals(done)
     try:
         url = start(args)
+        started()
         stopping = _on_stop_signals(done)  # again: starting Ray put its own crash handler on SIGTERM
         print(f"rest-lsp serve: {args.replicas} replica(s) on {url}; editors: rest-lsp --stdio --remote {url} "
               f"--token-file FILE", flush=True)

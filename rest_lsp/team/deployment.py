@@ -35,6 +35,7 @@ class TeamReplica:
         from rest_lsp.team.workspaces import Workspaces
 
         torch.set_num_threads(threads)
+        serve_grpc_on_loopback()
         log_to_serve()
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
         settings = Settings(**values)
@@ -53,6 +54,23 @@ class TeamReplica:
         replica = getattr(self, "replica", None)
         if replica is not None:
             replica.workspaces.close()
+
+
+def serve_grpc_on_loopback() -> None:
+    """Serve's replica opens an inter-deployment gRPC server on every interface (`[::]:0`, whatever the node's
+    address); a team's server is one machine whose callers are its own proxy, so this replica's goes on loopback,
+    as every other Ray port does (ray_local.py). Applies to the pinned Ray's replica module."""
+    from ray.serve._private import replica
+
+    bind = replica.add_port_to_grpc_server
+    if getattr(bind, "loopback", False):
+        return
+
+    def on_loopback(server, address: str):
+        return bind(server, "127.0.0.1:0" if address == "[::]:0" else address)
+
+    on_loopback.loopback = True
+    replica.add_port_to_grpc_server = on_loopback
 
 
 class _ToServe(logging.Handler):
