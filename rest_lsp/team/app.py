@@ -4,8 +4,9 @@ Every route but /health wants `Authorization: Bearer <token>` (401 otherwise), a
 its editor's key (protocol.KEY_HEADER; 400 without one): a workspace is found by its id and its key, so another
 key names another workspace (workspaces.Owner). A body past its route's size is a 413, one that does not
 validate a 422 (edge.py: one sentence, never the input), token ids outside the vocabulary a 422, another tokenizer
-a 409: none of them touches a workspace. Blocking work (a snapshot into the datastore, creating a workspace) runs in a thread. Each request
-to a workspace's route runs with workspaces.CURRENT_WORKSPACE set: its log lines name the workspace.
+a 409: none of them touches a workspace. Blocking work (a snapshot into the datastore, creating a workspace) runs
+in a thread. Each request to a workspace's route runs with workspaces.CURRENT_WORKSPACE set: its log lines name
+the workspace. A snapshot may also come in chunks (uploads.py).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Callable
-
 import re
+from typing import Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Request
 from fastapi.exceptions import RequestValidationError

@@ -24,6 +24,7 @@ CHUNK_BYTES = 4 * MIB  # one chunk of a snapshot sent in chunks
 BODY_BYTES = {"snapshot": SNAPSHOT_BYTES, "chunk": CHUNK_BYTES, "delta": 16 * MIB, "complete": 8 * MIB,
               "events": 8 * MIB}
 DEFAULT_BYTES = 1 * MIB
+DRAIN_BYTES = 256 * MIB  # a body past its limit read (and dropped) to its end before the 413, up to this
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 _PLACES = {"body": "the body's", "path": "the path's", "header": "the header", "query": "the query's"}
 MOST_CHARS = 300  # a refusal's sentence
@@ -93,7 +94,7 @@ class BodyLimit:
         limit = body_limit(scope.get("path", ""))
         length = dict(scope.get("headers") or ()).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
-            return await _too_large(send, limit)
+            return await _too_large(receive, send, limit, int(length) if length.isdigit() else None)
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
@@ -103,7 +104,7 @@ class BodyLimit:
             size += len(chunks[-1])
             more = message.get("more_body", False)
             if size > limit:
-                return await _too_large(send, limit)
+                return await _too_large(receive, send, limit, None, more)
         body, sent = b"".join(chunks), [False]
 
         async def replay():
@@ -115,7 +116,18 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
 
-async def _too_large(send, limit: int) -> None:
+async def _too_large(receive, send, limit: int, length: int | None, more: bool = True) -> None:
+    """413. A body up to DRAIN_BYTES is read to its end first, each piece dropped as it comes (the memory of one
+    piece): a client that sends its whole body before it reads the answer (most do) then reads the 413 rather
+    than a connection cut under it. A larger one is cut."""
+    if more and (length is None or length <= DRAIN_BYTES):
+        drained = 0
+        while more and drained <= DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            drained += len(message.get("body", b""))
+            more = message.get("more_body", False)
     body = json.dumps({"detail": f"The request's body is larger than the {limit // MIB} MiB this route takes."}
                       ).encode()
     await send({"type": "http.response.start", "status": 413,

@@ -159,3 +159,23 @@ def test_the_key_binds_by_its_sha256_compared_in_constant_time():
     assert a.digest != WORKSPACE_KEY.encode() and len(a.digest) == 32
     assert a.matches(Owner.of("ws", WORKSPACE_KEY)) and not a.matches(Owner.of("ws", OTHER_KEY))
     assert not a.matches(Owner.of("ws2", WORKSPACE_KEY))
+
+
+def test_a_client_that_sends_its_whole_body_first_reads_the_413(live):
+    """http.client sends all of a body before it reads the answer: the replica reads the rest (dropping it) and
+    answers, rather than cutting the connection under it (a broken pipe, no answer)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    from conftest import TOKEN
+
+    url = urlsplit(live[0])
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    try:
+        conn.request("POST", f"{API}/workspaces/ws1/drafts", body=b'{"text": "' + b"y" * (24 << 20) + b'"}',
+                     headers={"Authorization": f"Bearer {TOKEN}", KEY_HEADER: WORKSPACE_KEY,
+                              "Content-Type": "application/json"})
+        reply = conn.getresponse()
+        assert reply.status == 413 and b"1 MiB" in reply.read()
+    finally:
+        conn.close()
