@@ -10,15 +10,19 @@ workspace's own service threads (its decoding thread) by the thread.
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import hmac
 import logging
 import threading
 import weakref
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 
 from rest_lsp.service.completion import CompletionService, NoEvents, Ticket
 from rest_lsp.settings import Settings
+from rest_lsp.team.limits import Limits
 from rest_lsp.team.protocol import CLIENT_SETTINGS, Delta, Doc, Events, Snapshot, SyncReply
 from rest_lsp.team.shared_model import SharedModel
 
@@ -27,6 +31,26 @@ log = logging.getLogger(__name__)
 # What a workspace costs besides its datastore: a tokenizer copy, outputs, caches of suggestions.
 WORKSPACE_OVERHEAD_BYTES = 16 << 20
 READY_TIMEOUT_S = 60
+
+
+class Owner(NamedTuple):
+    """A workspace as its editor names it: its id and the sha256 of its key (protocol.KEY_HEADER). Two editors
+    that send one id with two keys have two workspaces: neither sees, replaces nor closes the other's."""
+    workspace: str
+    digest: bytes
+
+    @classmethod
+    def of(cls, workspace: str, key: str) -> "Owner":
+        return cls(workspace, hashlib.sha256(key.encode()).digest())
+
+    def matches(self, other: "Owner") -> bool:
+        """The same workspace: ids equal, keys compared in constant time."""
+        return self.workspace == other.workspace and hmac.compare_digest(self.digest, other.digest)
+
+    @property
+    def name(self) -> str:
+        """What names its documents in the replica's shared stores."""
+        return f"{self.workspace}\0{self.digest.hex()}"
 
 
 class SyncRefused(Exception):
@@ -78,14 +102,16 @@ class _Events(NoEvents):
         getattr(self.log, level if level in ("error", "warning", "info") else "info")(text)
 
 
-def _checked(docs: list[Doc], vocab_size: int) -> list[tuple[str, np.ndarray, object]]:
+def _checked(docs: list[Doc], vocab_size: int, field: str) -> list[tuple[str, np.ndarray, object]]:
+    """(doc id, token ids, source) of each document; BadTokens naming the first with ids past the vocabulary
+    (protocol.py bounds them to int32 first: they fit int64)."""
     from rest_lsp.datastore import Source
 
     out = []
-    for doc in docs:
+    for i, doc in enumerate(docs):
         tokens = np.asarray(doc.tokens, dtype=np.int64)
         if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
-            raise BadTokens(f"document {doc.doc_id!r} holds token ids outside 0..{vocab_size - 1}.")
+            raise BadTokens(f"The body's field {field}[{i}].tokens holds token ids outside 0..{vocab_size - 1}.")
         source = Source.OPEN_BUFFER if doc.source == "buffer" else Source.WORKSPACE
         out.append((doc.doc_id, tokens, source))
     return out
@@ -94,13 +120,15 @@ def _checked(docs: list[Doc], vocab_size: int) -> list[tuple[str, np.ndarray, ob
 class WorkspaceState:
     """One workspace on one replica: its completion service, its datastore, where its sync stands."""
 
-    def __init__(self, workspace: str, shared: SharedModel, settings: Settings):
-        self.workspace, self.shared, self.defaults = workspace, shared, settings
+    def __init__(self, owner: Owner, shared: SharedModel, settings: Settings, limits: Limits = Limits()):
+        workspace = owner.workspace
+        self.owner, self.workspace, self.shared, self.limits = owner, workspace, shared, limits
+        self.defaults = settings = limits.clamp(settings)
         self.log = _Log(log, {"workspace": workspace})
         with _CREATING:
             before = set(threading.enumerate())
             self.service = CompletionService(settings, _Events(self.log),
-                                             load=lambda s: shared.for_workspace(workspace))
+                                             load=lambda s: shared.for_workspace(owner.name))
             self.service.start([])
             ready = self.service.wait_ready(READY_TIMEOUT_S)
             with _THREADS_LOCK:
@@ -123,7 +151,7 @@ class WorkspaceState:
         if snap.tokenizer_key != self.shared.tokenizer_key:
             raise SyncRefused(f"the workspace was tokenized with tokenizer {snap.tokenizer_key}, the server's model "
                               f"uses {self.shared.tokenizer_key}: fetch the server's tokenizer and index again.")
-        puts = _checked(snap.docs, self.shared.vocab_size)
+        puts = _checked(snap.docs, self.shared.vocab_size, "docs")
         self.apply_settings(snap.settings)
         datastore = self.service._datastore
         with self.lock:
@@ -135,7 +163,7 @@ class WorkspaceState:
         return self.reply()
 
     def delta(self, delta: Delta) -> SyncReply:
-        puts = _checked(delta.puts, self.shared.vocab_size)
+        puts = _checked(delta.puts, self.shared.vocab_size, "puts")
         with self.lock:
             if delta.epoch != self.epoch:
                 return self.reply(True, "unknown epoch")
@@ -156,7 +184,7 @@ class WorkspaceState:
         new, errors = self.defaults.update(ours, self.defaults)
         if errors:
             self.log.warning("settings ignored: %s", " ".join(errors))
-        self.service.update_settings(new)
+        self.service.update_settings(self.limits.clamp(new))
 
     def events(self, batch: Events | None) -> None:
         """Hints in order; a batch older than one applied is stale (its place has moved on) and dropped."""
@@ -206,36 +234,51 @@ class WorkspaceState:
 
 
 class Workspaces:
-    """The LRU of a replica's workspaces, bounded by `budget_bytes` (the one in use always stays)."""
+    """The LRU of a replica's workspaces, bounded by `budget_bytes` however each was made (the one in use always
+    stays). A workspace is found by its Owner: its id and its key."""
 
-    def __init__(self, shared: SharedModel, settings: Settings, budget_bytes: int):
-        self.shared, self.settings, self.budget = shared, settings, budget_bytes
+    def __init__(self, shared: SharedModel, settings: Settings, budget_bytes: int, limits: Limits = Limits()):
+        self.shared, self.settings, self.budget, self.limits = shared, settings, budget_bytes, limits
         self._lock = threading.Lock()
-        self._states: OrderedDict[str, WorkspaceState] = OrderedDict()
+        self._states: OrderedDict[Owner, WorkspaceState] = OrderedDict()
         self._creating: dict[str, threading.Lock] = {}
 
-    def get(self, workspace: str) -> tuple[WorkspaceState, bool]:
+    def _lookup(self, owner: Owner) -> Owner | None:
+        """(under the lock) The key `owner` is held under, if any: keys compared in constant time."""
+        found = None
+        for held in self._states:
+            if held.matches(owner):
+                found = held
+        return found
+
+    def get(self, owner: Owner) -> tuple[WorkspaceState, bool]:
         """(its state, whether it was created now: the client must send a snapshot)."""
         with self._lock:
-            state = self._states.get(workspace)
-            if state is not None:
-                self._states.move_to_end(workspace)
-                return state, False
-            gate = self._creating.setdefault(workspace, threading.Lock())
+            held = self._lookup(owner)
+            if held is not None:
+                self._states.move_to_end(held)
+                return self._states[held], False
+            gate = self._creating.setdefault(owner.name, threading.Lock())
         with gate:  # one creation per workspace; others wait for it
             with self._lock:
-                if workspace in self._states:
-                    return self._states[workspace], False
-            state = WorkspaceState(workspace, self.shared, self.settings)
+                held = self._lookup(owner)
+                if held is not None:
+                    return self._states[held], False
+            state = WorkspaceState(owner, self.shared, self.settings, self.limits)
             with self._lock:
-                self._states[workspace] = state
-                self._creating.pop(workspace, None)
+                self._states[owner] = state
+                self._creating.pop(owner.name, None)
             state.log.info("new on this replica")
-            return state, True
+        self.trim()  # a workspace made by any route counts against the budget
+        return state, True
 
-    def find(self, workspace: str) -> WorkspaceState | None:
+    def find(self, owner: Owner) -> WorkspaceState | None:
         with self._lock:
-            return self._states.get(workspace)
+            held = self._lookup(owner)
+            if held is None:
+                return None
+            self._states.move_to_end(held)
+            return self._states[held]
 
     def trim(self) -> None:
         """Drop least recently used workspaces until the rest fit the budget."""
@@ -254,10 +297,11 @@ class Workspaces:
             state.log.info("dropped (memory budget %d MB)", self.budget >> 20)
             threading.Thread(target=state.close, name="rest-lsp-drop-workspace", daemon=True).start()
 
-    def drop(self, workspace: str) -> bool:
+    def drop(self, owner: Owner) -> bool:
         """Forget a workspace (its editor closed); False when it was not here."""
         with self._lock:
-            state = self._states.pop(workspace, None)
+            held = self._lookup(owner)
+            state = self._states.pop(held) if held is not None else None
         if state is not None:
             state.log.info("closed by its editor")
             state.close()
@@ -265,7 +309,16 @@ class Workspaces:
 
     def names(self) -> list[str]:
         with self._lock:
-            return list(self._states)
+            return [owner.workspace for owner in self._states]
+
+    def states(self) -> list[WorkspaceState]:
+        """Every workspace held, least recently used first (for tests and counts: they name no key)."""
+        with self._lock:
+            return list(self._states.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._states)
 
     def close(self) -> None:
         with self._lock:

@@ -6,6 +6,8 @@ import pytest
 
 from support import TEAM_TOKEN as TOKEN  # noqa: E402
 
+WORKSPACE_KEY = "k" * 22 + "test-key-0"  # protocol.KEY_HEADER: an editor's key for its workspaces
+
 
 @pytest.fixture(scope="module")
 def shared(tiny_models, tmp_path_factory):
@@ -35,6 +37,7 @@ def client(replica):
 
     with TestClient(create_app(lambda: replica)) as c:
         c.headers["Authorization"] = f"Bearer {TOKEN}"
+        c.headers["X-Rest-Lsp-Workspace-Key"] = WORKSPACE_KEY
         yield c
 
 

@@ -181,7 +181,8 @@ def test_the_editors_suggestion_settings_reach_its_workspace(client, shared, rep
     assert sent["extraContextTokens"] == 192
     body = {"request_id": "q1", "doc_id": "file:///p/main.py", "text": "x = 1\n", "offset": 6, "settings": sent}
     assert client.post(f"{API}/workspaces/ws1/complete", json=body).status_code == 200
-    got = replica.workspaces.find("ws1").service.settings
+    [state] = replica.workspaces.states()
+    got = state.service.settings
     assert (got.extra_context_tokens, got.context_tokens, got.max_lines, got.draft_exclude) == (
         192, 512, 3, ("outputs",))
 

@@ -60,6 +60,7 @@ def cluster(tiny_models, certificate):
     args = argparse.Namespace(model=str(tiny_models["random"]), dtype="float32", device="cpu", replicas=2,
                               num_cpus=1, num_gpus=0, host="127.0.0.1", port=port, token_file=str(token_file),
                               tls_cert=str(certificate[0]), tls_key=str(certificate[1]), workspace_mb=512,
+                              max_new_tokens=64, completion_ms=2000, kv_cache_mb=256,
                               cache_dir=str(folder / "cache"))
     url = serve_command.start(args, ray_init={"_temp_dir": str(folder / "ray")})
     assert url.startswith("https://")
@@ -155,7 +156,7 @@ def test_a_client_timeout_stops_the_replicas_work(cluster, tmp_path):
         started = time.monotonic()
         assert service.submit("file:///long.py", text, len(text)).future.result(30) is None
         assert time.monotonic() - started < 5
-        http = Http(url, TOKEN, service.workspace, ca_file=cert)
+        http = Http(url, TOKEN, service.workspace, ca_file=cert, key=service._key)
         deadline = time.monotonic() + 20
         while http.call("GET", f"{API}/workspaces/{service.workspace}/stats")["cancelled"] < 1:
             assert time.monotonic() < deadline, "the replica never cancelled"
@@ -176,7 +177,7 @@ def test_a_replica_killed_under_load_costs_at_most_a_retry(cluster, tiny_models,
     try:
         assert local.wait_ready(60) and local.wait_indexed(60)
         expected = {t: local.submit("file:///e.py", t, len(t)).future.result(60) for t in TEXTS}
-        http = Http(url, TOKEN, service.workspace, ca_file=cert)
+        http = Http(url, TOKEN, service.workspace, ca_file=cert, key=service._key)
         service.submit("file:///m.py", TEXTS[0], len(TEXTS[0])).future.result(60)
         pid = http.call("GET", f"{API}/workspaces/{service.workspace}/stats")["pid"]
         tickets = [(t, service.submit(f"file:///k{i}.py", t, len(t))) for i, t in enumerate(TEXTS)]
@@ -199,7 +200,7 @@ def test_a_replica_killed_under_load_costs_at_most_a_retry(cluster, tiny_models,
             assert time.monotonic() - killed < 60, "no replacement replica within 60 s"
             time.sleep(0.25)
         # the workspace is served again, by the replica now its own
-        http = Http(url, TOKEN, service.workspace, ca_file=cert)
+        http = Http(url, TOKEN, service.workspace, ca_file=cert, key=service._key)
         assert http.call("GET", f"{API}/workspaces/{service.workspace}/stats")["pid"] != pid
     finally:
         service.close()

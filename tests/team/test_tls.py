@@ -131,7 +131,8 @@ def test_serve_refuses_a_certificate_and_key_that_do_not_load_before_starting_ra
     serve_command.check_tls(str(cert), str(key))  # the pair the tests serve with loads
     args = argparse.Namespace(model=None, dtype=None, device=None, replicas=1, num_cpus=1, num_gpus=0,
                               host="127.0.0.1", port=9, token_file=str(token_file(tmp_path)), tls_cert=str(cert),
-                              tls_key=None, workspace_mb=64, cache_dir=None)
+                              tls_key=None, workspace_mb=64, cache_dir=None, max_new_tokens=64,
+                              completion_ms=2000, kv_cache_mb=256)
     for tls_key, says in ((None, "go together"), (str(cert), "does not load"), (str(tmp_path / "gone.key"),
                                                                                "does not load")):
         args.tls_key = tls_key
@@ -139,3 +140,45 @@ def test_serve_refuses_a_certificate_and_key_that_do_not_load_before_starting_ra
             serve_command.start(args)
         assert says in str(err.value) and "\n" not in str(err.value)
     assert not ray.is_initialized()
+
+
+def _dated(folder, days_from: float, days_to: float):
+    """A self-signed certificate valid from `days_from` to `days_to` days from now, and its key."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rest-lsp dated")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    made = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(private.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now + datetime.timedelta(days=days_from))
+            .not_valid_after(now + datetime.timedelta(days=days_to)).sign(private, hashes.SHA256()))
+    cert, key = folder / f"c{days_from}_{days_to}.crt", folder / f"c{days_from}_{days_to}.key"
+    cert.write_bytes(made.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return str(cert), str(key)
+
+
+@pytest.mark.parametrize("days_from,days_to,says", [(-30, -1, "expired on"), (7, 30, "is not valid until")])
+def test_serve_refuses_a_certificate_that_is_not_valid_now_in_one_sentence(tmp_path, days_from, days_to, says):
+    from rest_lsp.commands import serve as serve_command
+
+    cert, key = _dated(tmp_path, days_from, days_to)
+    with pytest.raises(UserError) as err:
+        serve_command.check_tls(cert, key)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_serve_warns_of_a_certificate_that_expires_within_14_days(tmp_path, capsys):
+    from rest_lsp.commands import serve as serve_command
+
+    serve_command.check_tls(*_dated(tmp_path, -1, 5))
+    said = capsys.readouterr().err
+    assert "expires on" in said and "renew" in said and said.count("\n") == 1
+    serve_command.check_tls(*_dated(tmp_path, -1, 60))
+    assert capsys.readouterr().err == ""
