@@ -59,10 +59,12 @@ class ChunkedUpload:
 
     def send(self) -> dict:
         """The commit's answer (the server's SyncReply); OldServer, Refused or Unreachable otherwise."""
-        failures, backoff = 0, Backoff(RETRY_FIRST_S, RETRY_MOST_S)
+        failures, resuming, backoff = 0, False, Backoff(RETRY_FIRST_S, RETRY_MOST_S)
         while True:
             before = len(self.landed)
             try:
+                if resuming:
+                    self._ask_received()
                 self._send_chunks()
                 return self._commit()
             except Unreachable as err:  # a dropped connection, a timeout, a replica that died
@@ -73,7 +75,7 @@ class ChunkedUpload:
                          len(self.landed), len(self.slices))
                 if self._stop.wait(backoff.next()):
                     raise
-                self._ask_received()
+                resuming = True
 
     def _send_chunks(self) -> None:
         for index in [i for i in range(len(self.slices)) if i not in self.landed]:
