@@ -9,22 +9,22 @@ from rest_lsp.team.http import Refused, Untrusted
 def untrusted(url: str, err: Untrusted, ca_file: str | None) -> str:
     """A certificate that did not verify: expired, not valid yet, made for another host, or from an unknown CA
     (only then is --remote-ca-file the fix)."""
-    where = f"the team server at {url}"
+    where, why = f"the team server at {url}", str(err).rstrip(".")
     if err.cause == "expired":
-        return f"{where} has an expired certificate ({err}): the team must renew it (rest-lsp serve --tls-cert)"
+        return f"{where} has an expired certificate ({why}): the team must renew it (rest-lsp serve --tls-cert)"
     if err.cause == "not_yet_valid":
-        return (f"{where} has a certificate that is not valid yet ({err}): check this computer's clock, or the "
+        return (f"{where} has a certificate that is not valid yet ({why}): check this computer's clock, or the "
                 "certificate's start date")
     if err.cause == "wrong_host":
-        return (f"{where} has a certificate made for another host name ({err}): use the name the certificate "
+        return (f"{where} has a certificate made for another host name ({why}): use the name the certificate "
                 "was made for in --remote, or have the team add this one to it")
     if err.cause == "unknown_ca" and ca_file:
-        return (f"{where} has a certificate not signed by the CA in --remote-ca-file {ca_file} ({err}): give the "
+        return (f"{where} has a certificate not signed by the CA in --remote-ca-file {ca_file} ({why}): give the "
                 "CA certificate the server's certificate was made with")
     if err.cause == "unknown_ca":
-        return (f"{where} has a certificate this editor does not trust ({err}): give its CA certificate with "
+        return (f"{where} has a certificate this editor does not trust ({why}): give its CA certificate with "
                 "--remote-ca-file")
-    return f"{where} has a certificate that does not verify ({err})"
+    return f"{where} has a certificate that does not verify ({why})"
 
 
 def refused(url: str, err: Refused) -> str:
