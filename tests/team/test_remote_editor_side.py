@@ -163,7 +163,7 @@ def certificate(folder, stem, days=(-1, 2), names=("localhost", "127.0.0.1")):
     import datetime
     import ipaddress
 
-    crypto = pytest.importorskip("cryptography")  # noqa: F841
+    pytest.importorskip("cryptography")
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
