@@ -40,7 +40,7 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(upload_client, "RETRY_FIRST_S", 0.01)
 
 
-def payload(docs: int = 40, tokens: int = 6000) -> bytes:
+def payload(docs: int = 40, tokens: int = 6000) -> dict:
     """A snapshot's JSON that gzip shrinks only so far (random token ids)."""
     rng = random.Random(0)
     body = {"epoch": "e1", "tokenizer_key": None, "settings": {},
