@@ -1,5 +1,6 @@
 """JSON over HTTP(S) to a team's server, on the standard library: a kept-alive connection per thread, the bearer
-token and the workspace's routing header on every call. Torch-free and ray-free (the editor's side)."""
+token, the workspace's routing header (its id, percent-encoded) and its key on every call. Torch-free and ray-free
+(the editor's side). A certificate that does not verify is an Untrusted naming its cause (TLS_CAUSES)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import ssl
 import threading
 from urllib.parse import urlsplit
 
+from rest_lsp.team.identity import KEY_HEADER, quoted
 from rest_lsp.team.protocol import CLOSING, WORKSPACE_HEADER
+
+# OpenSSL's verify codes (X509_V_ERR_*) by the cause the editor is told of
+TLS_CAUSES = {9: "not_yet_valid", 10: "expired", 62: "wrong_host", 64: "wrong_host", 18: "unknown_ca",
+              19: "unknown_ca", 20: "unknown_ca", 21: "unknown_ca", 2: "unknown_ca"}
 
 
 class Unreachable(Exception):
@@ -22,7 +28,11 @@ class TimedOut(Unreachable):
 
 
 class Untrusted(Unreachable):
-    """The server's certificate did not verify (a self-signed one without its CA file, another host's name)."""
+    """The server's certificate did not verify; `cause`: expired, not_yet_valid, wrong_host, unknown_ca or other."""
+
+    def __init__(self, message: str, cause: str = "other"):
+        super().__init__(message)
+        self.cause = cause
 
 
 class Refused(Exception):
@@ -34,15 +44,18 @@ class Refused(Exception):
 
 
 class Http:
-    def __init__(self, url: str, token: str, workspace: str, timeout_s: float = 30.0, ca_file: str | None = None):
+    def __init__(self, url: str, token: str, workspace: str, timeout_s: float = 30.0, ca_file: str | None = None,
+                 key: str | None = None):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--remote wants an http:// or https:// URL, got {url!r}")
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
         self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
         self._base = parts.path.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}", WORKSPACE_HEADER: workspace,
+        self._headers = {"Authorization": f"Bearer {token}", WORKSPACE_HEADER: quoted(workspace),
                          "Content-Type": "application/json"}
+        if key is not None:
+            self._headers[KEY_HEADER] = key
         self._local = threading.local()
         # https: the system's CAs, or only `ca_file`'s (a team's self-signed certificate); the host name is checked
         self._tls = ssl.create_default_context(cafile=ca_file) if parts.scheme == "https" else None
@@ -67,13 +80,16 @@ class Http:
             self._local.conn = None
 
     def call(self, method: str, path: str, body: object = None, timeout: float | None = None,
-             closing: bool = False):
+             closing: bool = False, raw: bytes | None = None, content_type: str = "application/octet-stream"):
         """The decoded JSON answer; Unreachable or Refused otherwise. A kept-alive connection the server closed
-        meanwhile is opened again once. `closing`: the workspace's last request (protocol.CLOSING)."""
-        data = None if body is None else json.dumps(body).encode()
+        meanwhile is opened again once. `closing`: the workspace's last request (protocol.CLOSING). `raw`: bytes
+        sent as they are (as `content_type`) instead of `body` made JSON here."""
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
         headers = self._headers
         if closing:
             headers = {**headers, WORKSPACE_HEADER: headers[WORKSPACE_HEADER] + CLOSING}
+        if raw is not None:
+            headers = {**headers, "Content-Type": content_type}
         for attempt in (0, 1):
             conn = self._connection(timeout or self.timeout_s)
             try:
@@ -87,7 +103,7 @@ class Http:
                     raise Unreachable(str(err) or type(err).__name__) from None
             except ssl.SSLCertVerificationError as err:
                 self.close()
-                raise Untrusted(err.verify_message or str(err)) from None
+                raise Untrusted(err.verify_message or str(err), TLS_CAUSES.get(err.verify_code, "other")) from None
             except (TimeoutError, socket.timeout) as err:
                 self.close()
                 raise TimedOut(str(err) or "timed out") from None

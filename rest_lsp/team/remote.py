@@ -4,17 +4,17 @@ The editor keeps its files: the workspace is indexed and watched here with the s
 from it: no model, no torch on this side), and goes to the server as a snapshot, then deltas (mirror.py). Edits
 and cursor moves go as hints; a completion carries the hints not sent yet. A completion whose replica died is
 sent once more and the workspace again (to the replica that takes it over); an unreachable server is said once an
-outage, and its return too. stats() never waits on the language server's event loop (its HTTP call runs here).
+outage, and its return too. A refusal is said once with its cause (advice.py), then asked again later and later
+(backoff.py); a snapshot refused for another tokenizer (the server's model changed) fetches the new one and indexes
+again. Snapshots go compressed in chunks (upload_client.py); the workspace is named by an id and a key of its own
+(identity.py). stats() never waits on the language server's event loop (its HTTP call runs here).
 """
 
 from __future__ import annotations
 
 import asyncio
-import getpass
-import hashlib
 import itertools
 import logging
-import socket
 import threading
 import uuid
 from collections import Counter
@@ -27,25 +27,22 @@ from rest_lsp.datastore.ignore import is_secret_path
 from rest_lsp.service.feeding import DatastoreFeed, HostThreads, workspace_key
 from rest_lsp.service.scheduling import Completion, resolve_future
 from rest_lsp.settings import Settings
+from rest_lsp.team import advice
+from rest_lsp.team.backoff import Backoff
 from rest_lsp.team.http import Http, Refused, TimedOut, Unreachable, Untrusted
+from rest_lsp.team.identity import new_key, quoted, workspace_id
 from rest_lsp.team.mirror import Mirror, RecordingDatastore
 from rest_lsp.team.protocol import API, CLIENT_SETTINGS, CompleteRequest, Event, Events
+from rest_lsp.team.upload_client import ChunkedUpload, OldServer, one_shot_timeout
 
 log = logging.getLogger(__name__)
 
-RETRY_S = 2.0  # wait between attempts to reach an unreachable server
+RETRY_S = 2.0  # wait between attempts to reach an unreachable server, and the first one after a refusal
+REFUSED_MOST_S = 300.0  # a server that keeps refusing is asked again at most this far apart
 SYNC_WAIT_S = 0.2  # a delta gathers the changes of this long
 INDEX_WAIT_S = 120  # the first snapshot waits this long for the local index (completions meanwhile use the model)
 COMPLETE_SLACK_S = 10.0  # a completion waits this much longer than the time budget before it is given up
 STATS_WAIT_S = 2.0  # the server's part of stats(): asked for this long (off the event loop, waited for as long)
-
-
-def workspace_id(roots: list[Path]) -> str:
-    """A name for logs (user@host:folder) and a random part: two editors on one folder never share an epoch."""
-    where = ",".join(sorted(str(r) for r in roots))
-    name = Path(sorted(str(r) for r in roots)[0]).name if roots else "no-folder"
-    digest = hashlib.sha256(where.encode()).hexdigest()[:6]
-    return f"{getpass.getuser()}@{socket.gethostname()}:{name}-{digest}-{uuid.uuid4().hex[:8]}"
 
 
 class RemoteTicket:
@@ -83,6 +80,7 @@ class RemoteService(HostThreads):
         self._loaded = None  # SimpleNamespace(tokenizer=SavedTokenizer): what the feed needs of a model
         self._roots: list[Path] = []
         self.workspace = workspace_id([])
+        self._key = new_key()  # the workspace's secret (identity.py): goes with its id, never into a log
         self._http: Http | None = None
         self._mirror: Mirror | None = None
         self._need_snapshot = True
@@ -96,6 +94,10 @@ class RemoteService(HostThreads):
         self.status = "connecting"
         self.load_error: str | None = None
         self._said_unreachable = False
+        self._told: set[tuple] = set()  # the refusals said since the server last took a request
+        self._backoff = Backoff(RETRY_S, REFUSED_MOST_S)
+        self._tokenizer_refused = False  # a snapshot was refused for another tokenizer: fetched again since
+        self._chunked = True  # snapshots in chunks, until the server turns out to have no chunk routes
         self._remote_stats: dict = {}
         self._stats_refresh: Future | None = None
         self._replicas: Counter = Counter()  # answers per replica
@@ -125,8 +127,8 @@ class RemoteService(HostThreads):
         with self._lock:
             self._roots = [Path(r) for r in roots or []]
             self._feed.roots = list(self._roots)
-            self.workspace = workspace_id(self._roots)
-            self._http = Http(self.url, self._token, self.workspace, ca_file=self._ca_file)
+            self.workspace, self._key = workspace_id(self._roots), new_key()
+            self._http = Http(self.url, self._token, self.workspace, ca_file=self._ca_file, key=self._key)
         log.info("workspace %s on %s", self.workspace, self.url)
         self._spawn(self._sync_loop, "rest-lsp-remote-sync")
         self._spawn(self._events_loop, "rest-lsp-remote-events")
@@ -143,7 +145,7 @@ class RemoteService(HostThreads):
         """Stop syncing and free the workspace on the server; `wait_for_loads` means nothing here (no model loads)."""
         if self.status == "connected":  # the replica may free the workspace now rather than at its LRU's turn
             try:
-                self._http.call("DELETE", f"{API}/workspaces/{self.workspace}", timeout=2, closing=True)
+                self._http.call("DELETE", self._path(""), timeout=2, closing=True)
             except (Unreachable, Refused) as err:
                 log.info("closing the workspace on the server failed: %s", err)
         self._closed.set()
@@ -205,7 +207,7 @@ class RemoteService(HostThreads):
             if batch is None or self.status != "connected":
                 continue
             try:
-                self._http.call("POST", f"{API}/workspaces/{self.workspace}/events", batch.model_dump(), timeout=5)
+                self._http.call("POST", self._path("/events"), batch.model_dump(), timeout=5)
             except (Unreachable, Refused) as err:  # hints: a lost one costs a warm-up, never a suggestion
                 log.info("hints not delivered: %s", err)
 
@@ -230,7 +232,7 @@ class RemoteService(HostThreads):
     def _complete(self, ticket: RemoteTicket, doc_id: str, text: str, offset: int) -> Completion | None:
         body = CompleteRequest(request_id=ticket.request_id, doc_id=doc_id, text=text, offset=offset,
                                events=self._take_hints(), settings=_client_settings(self.settings)).model_dump()
-        path = f"{API}/workspaces/{self.workspace}/complete"
+        path = self._path("/complete")
         timeout = self._timeout_s or self.settings.time_budget_ms / 1e3 + COMPLETE_SLACK_S
         with self._lock:
             self._counts["completions_sent"] += 1
@@ -277,8 +279,7 @@ class RemoteService(HostThreads):
 
         def send() -> None:
             try:
-                self._http.call("POST", f"{API}/workspaces/{self.workspace}/cancel", {"request_id": request_id},
-                                timeout=5)
+                self._http.call("POST", self._path("/cancel"), {"request_id": request_id}, timeout=5)
             except (Unreachable, Refused) as err:
                 log.info("cancel of %s not delivered: %s", request_id, err)
 
@@ -288,8 +289,7 @@ class RemoteService(HostThreads):
         if self.status != "connected" or not text:
             return False
         try:
-            answer = self._http.call("POST", f"{API}/workspaces/{self.workspace}/accept",
-                                     {"id": completion_id, "text": text}, timeout=10)
+            answer = self._http.call("POST", self._path("/accept"), {"id": completion_id, "text": text}, timeout=10)
         except (Unreachable, Refused) as err:
             log.info("accept not delivered: %s", err)
             return False
@@ -299,7 +299,7 @@ class RemoteService(HostThreads):
         if self.status != "connected":
             return []
         try:
-            found = self._http.call("POST", f"{API}/workspaces/{self.workspace}/drafts", {"text": text}, timeout=10)
+            found = self._http.call("POST", self._path("/drafts"), {"text": text}, timeout=10)
         except (Unreachable, Refused):
             return []
         return [(d["text"], float(d["weight"])) for d in found[:limit]]
@@ -328,7 +328,7 @@ class RemoteService(HostThreads):
 
         def fetch() -> None:
             try:
-                found = self._http.call("GET", f"{API}/workspaces/{self.workspace}/stats", timeout=STATS_WAIT_S)
+                found = self._http.call("GET", self._path("/stats"), timeout=STATS_WAIT_S)
             except (Unreachable, Refused):
                 return
             with self._lock:
@@ -343,6 +343,10 @@ class RemoteService(HostThreads):
             return self._stats_refresh
 
     # -- the workspace's sync -----------------------------------------------------------------------------------
+    def _path(self, tail: str) -> str:
+        """A route under this workspace: its id percent-encoded, whatever its folder is called."""
+        return f"{API}/workspaces/{quoted(self.workspace)}{tail}"
+
     def _request_snapshot(self) -> None:
         with self._lock:
             self._need_snapshot = True
@@ -355,8 +359,7 @@ class RemoteService(HostThreads):
             self._said_unreachable = True
             if isinstance(err, Untrusted):
                 self.status = "untrusted"
-                self.load_error = (f"the team server at {self.url} has a certificate this editor does not trust "
-                                   f"({err}): give its CA certificate with --remote-ca-file")
+                self.load_error = advice.untrusted(self.url, err, self._ca_file)
             else:
                 self.status = "unreachable"
                 self.load_error = f"the team server at {self.url} cannot be reached ({err})"
@@ -365,10 +368,34 @@ class RemoteService(HostThreads):
             self._report("error", f"rest-lsp: {self.load_error}; completions resume when it answers.")
         self._sync_wake.set()
 
+    def _refused(self, err: Refused) -> float:
+        """A refusal: said once per cause until the server takes a request again; the wait before the next try.
+        A snapshot refused for another tokenizer first fetches the server's tokenizer (the model changed)."""
+        kind = err.body.get("kind") if isinstance(err.body, dict) else None
+        if err.status == 409 and kind == "tokenizer" and not self._tokenizer_refused:
+            log.info("[%s] the server's tokenizer changed: fetching it and indexing again", self.workspace)
+            with self._lock:
+                self._tokenizer_refused = True
+                self._ready.clear()
+            return 0.0
+        cause = (err.status, kind)
+        with self._lock:
+            first = cause not in self._told
+            self._told.add(cause)
+            self.load_error = advice.refused(self.url, err)
+            self.status = "refused"
+        wait = self._backoff.next()
+        if first:
+            self._report("error", f"rest-lsp: {self.load_error}.")
+        log.info("[%s] refused (%s); asking again in %.0f s", self.workspace, err, wait)
+        return wait
+
     def _reached(self) -> None:
         with self._lock:
             said, self._said_unreachable = self._said_unreachable, False
             self.status, self.load_error = "connected", None
+            self._told.clear()
+            self._backoff.reset()
         if said:
             self._report("info", f"rest-lsp: the team server at {self.url} answers again.")
 
@@ -384,31 +411,46 @@ class RemoteService(HostThreads):
                 continue
             except Unreachable as err:
                 self._unreachable(err)
+                wait = RETRY_S
             except Refused as err:
-                self.load_error = f"the team server refused the workspace: {err.detail}"
-                self._report("error", f"rest-lsp: {self.load_error}")
-                self.status = "refused"
+                wait = self._refused(err)
             except Exception as err:  # the loop must live: a failure here is reported and retried
                 log.exception("syncing with %s failed", self.url)
                 self._report("warning", f"rest-lsp: syncing the workspace failed: {err}")
-            self._closed.wait(RETRY_S)
+                wait = RETRY_S
+            self._closed.wait(wait)
 
     def _connect(self) -> None:
-        """The server's tokenizer, then the local index with it."""
+        """The server's tokenizer, then the local index with it (again, when the server's has changed)."""
         from rest_lsp.engine.saved_tokenizer import SavedTokenizer
 
         found = self._http.call("GET", f"{API}/tokenizer", timeout=10)
+        with self._lock:
+            self._chunked = True  # a server that came back may be a newer one
+            same = self._loaded is not None and self._loaded.tokenizer.key == found["key"]
+            if same:  # the same tokenizer: the index stands
+                self._need_snapshot = True
+                self._ready.set()
+        if same:
+            return self._reached()
         tokenizer = SavedTokenizer(found["tokenizer"], bool(found["split_special_tokens"]))
         if tokenizer.key != found["key"]:
             raise Refused(409, f"the server's tokenizer reads back with key {tokenizer.key}, not {found['key']}")
         with self._lock:
+            again = self._loaded is not None
             self._loaded = SimpleNamespace(tokenizer=tokenizer, name="remote")
-            self._feed.reset()
+            replaced, retired = self._feed.reset()
             self._feed.datastore = RecordingDatastore()
             self._mirror = Mirror(self._feed.datastore, tokenizer.key)
-            self._need_snapshot = True
+            self._need_snapshot, self._pending_delta = True, None
             self._ready.set()
+        self._feed.retire(retired, None)  # not under the lock: stopping joins watcher threads
+        if replaced is not None:
+            replaced.close()
         self._reached()
+        if again:
+            self._report("info", f"rest-lsp: the team server at {self.url} runs another model now: the workspace "
+                                 "is indexed again with its tokenizer.")
         self._feed.wake()
         self._feed.start_indexing()
 
@@ -419,16 +461,28 @@ class RemoteService(HostThreads):
             snapshot = self._mirror.snapshot(_client_settings(self.settings))
             self._pending_delta = None
         try:
-            reply = self._http.call("POST", f"{API}/workspaces/{self.workspace}/snapshot", snapshot.model_dump(),
-                                    timeout=120)
+            reply = self._upload(snapshot)
         except Exception:
             self._request_snapshot()
             raise
         with self._lock:
             self._counts["snapshots_sent"] += 1
+            self._tokenizer_refused = False
         log.info("[%s] snapshot %s sent: %d documents (replica %s)", self.workspace, snapshot.epoch,
                  len(snapshot.docs), reply.get("replica"))
         self._reached()
+
+    def _upload(self, snapshot) -> dict:
+        """The snapshot in compressed chunks; in one request to a server without the chunk routes."""
+        payload = snapshot.model_dump_json().encode()
+        if self._chunked:
+            try:
+                return ChunkedUpload(self._http, self._path("/snapshot"), payload, self._closed).send()
+            except OldServer:
+                log.info("[%s] the server has no chunk routes: snapshots go in one request", self.workspace)
+                self._chunked = False
+        return self._http.call("POST", self._path("/snapshot"), raw=payload, content_type="application/json",
+                               timeout=one_shot_timeout(len(payload)))
 
     def _send_delta(self) -> None:
         datastore = self._feed.datastore
@@ -443,7 +497,7 @@ class RemoteService(HostThreads):
             if self._pending_delta is None:
                 return
         delta = self._pending_delta
-        reply = self._http.call("POST", f"{API}/workspaces/{self.workspace}/delta", delta.model_dump(), timeout=60)
+        reply = self._http.call("POST", self._path("/delta"), delta.model_dump(), timeout=60)
         with self._lock:
             self._pending_delta = None
             self._counts["deltas_sent"] += 1
