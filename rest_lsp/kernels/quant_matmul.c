@@ -338,7 +338,7 @@ static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *x
                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB + 8)))};                \
         int r = 0;                                                                                            \
         for (; r + NR_OF(BITS) <= R; r += NR_OF(BITS)) rows_block(u, BITS, R, xq, xd, xs, nb, b, r, NR_OF(BITS), dw, acc); \
-        for (; r < R; r++) rows_block(u, BITS, R, xq, xd, xs, nb, b, r, 1, dw, acc);                          \
+        if (r < R) rows_block(u, BITS, R, xq, xd, xs, nb, b, r, R % NR_OF(BITS), dw, acc);                   \
     }                                                                                                         \
     for (int r = 0; r < R; r++) { _mm256_storeu_ps(out + r * NB, acc[r][0]); _mm256_storeu_ps(out + r * NB + 8, acc[r][1]); } \
 }
