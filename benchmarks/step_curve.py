@@ -1,7 +1,7 @@
 """The quantized kernel alone over the linear layers of one step of the code model (Qwen2.5-Coder-0.5B's shapes), by
 rows a call and instruction-set level: the step-cost curve a tree step pays for its rows.
 
-    .venv/bin/python benchmarks/step_curve.py [--levels avx2,avx-vnni,avx512-vnni] [--bits 8,4] [--rows 1,2,4,8,16]
+    .venv/bin/python benchmarks/step_curve.py [--levels avx2,avx-vnni,avx512-vnni] [--bits 8,5,4] [--rows 1,2,4,8,16]
                                               [--layers 24] [--rounds 7] [--threads 1] [--no-head]
 
 A pass is what a step's linear layers do: per layer the fused q/k/v, o, fused gate/up and down products, each layer's
@@ -92,7 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default = [lv for lv in ("avx2", "avx-vnni", "avx512-vnni", "amx") if lv in levels.runnable()]
     parser.add_argument("--levels", default=",".join(default))
-    parser.add_argument("--bits", default="8,4")
+    parser.add_argument("--bits", default="8,5,4")
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     parser.add_argument("--layers", type=int, default=LAYERS)
     parser.add_argument("--rounds", type=int, default=7)
