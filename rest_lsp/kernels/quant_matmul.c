@@ -38,8 +38,11 @@ typedef long long idx;
 #  endif
 #endif
 
+/* the most rows a tile takes: a call of more rows runs tiles of MT rows, each passing over the panels again */
 #if QM_PATH == 3
 #define MT 12
+#elif QM_PATH == 2 || QM_PATH == 1
+#define MT 16
 #else
 #define MT 4
 #endif
@@ -176,6 +179,9 @@ static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *x
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * NB, acc[r]);                                       \
 }
 #elif QM_PATH == 2 || QM_PATH == 1
+/* Paths 2 and 1 run tiles of up to MT = 16 rows: per block, its weights are made ready once (`ready`: unpacked, and
+   on AVX2 also made signed and absolute) into a buffer in L1, and every row of the tile then takes them from there:
+   a panel is streamed once a call for up to 16 rows, a block unpacked once for all of them. */
 /* a 4- or 5-bit block unpacked to its 512 bytes q + OFFSET in `ub` (an 8-bit block is read where it is) */
 INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
     if (bits == 8) return wb;
@@ -183,9 +189,9 @@ INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
     for (int j = 0; j < 4; j++)
         for (int h = 0; h < 2; h++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 64 * j + 32 * h));
-            _mm256_storeu_si256((__m256i *)(ub + 128 * j + 32 * h), _mm256_and_si256(v, low));
-            _mm256_storeu_si256((__m256i *)(ub + 128 * j + 64 + 32 * h),
-                                _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+            _mm256_store_si256((__m256i *)(ub + 128 * j + 32 * h), _mm256_and_si256(v, low));
+            _mm256_store_si256((__m256i *)(ub + 128 * j + 64 + 32 * h),
+                               _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
         }
     if (bits == 5) {
         /* 32 mask bits -> 32 bytes: byte i takes mask byte i / 8, keeps bit i % 8, and becomes 0x10 or 0 */
@@ -200,57 +206,141 @@ INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
                 __m256i e = _mm256_shuffle_epi8(_mm256_set1_epi32(mask), pick);
                 e = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(e, bit), bit), fifth);
                 __m256i *u = (__m256i *)(ub + 64 * g + 32 * h);
-                _mm256_storeu_si256(u, _mm256_or_si256(_mm256_loadu_si256(u), e));
+                _mm256_store_si256(u, _mm256_or_si256(_mm256_load_si256(u), e));
             }
     }
     return ub;
 }
+/* NR rows' 4-byte groups g of a block (a group's 4 quants in every 32-bit lane), rows xr[0..NR) */
+#define GROUPS(x, xr, NR, g)                                                                                  \
+    for (int r = 0; r < NR; r++) {                                                                            \
+        int32_t four;                                                                                         \
+        memcpy(&four, xr[r] + 4 * (g), 4);                                                                    \
+        x[r] = _mm256_set1_epi32(four);                                                                       \
+    }
+#define WEIGHTS(u, g, h) _mm256_loadu_si256((const __m256i *)((u) + 64 * (g) + 32 * (h)))
 #if QM_PATH == 2
-/* the 4-byte groups of 8 columns (unsigned, q + offset) dotted with the row's 4 bytes; the offset is taken out by
-   the start value */
-#define DOT(s, w, x) s = _mm256_dpbusd_avx_epi32(s, w, x)
-#define START(xs, off) _mm256_set1_epi32(-(off) * (xs))
+/* a block made ready: its bytes q + OFFSET (the unsigned operand of `vpdpbusd`) */
+INLINE const uint8_t *ready(const uint8_t *wb, int bits, int R, uint8_t *ub) { (void)R; return unpack(wb, bits, ub); }
+/* NR rows' exact int32 sums of the block's 16 columns (s[r][0]: columns 0-7, s[r][1]: 8-15): the 4-byte groups of
+   8 columns dotted with the row's 4 quants, the offset taken out by the start value */
+INLINE void block_sums(const uint8_t *u, int bits, int R, const int8_t *const *xr, const int32_t *xs, int NR,
+                       __m256i s[][2]) {
+    (void)R;
+    for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_set1_epi32(-OFFSET(bits) * xs[r]);
+    for (int g = 0; g < 8; g++) {
+        __m256i x[4];
+        GROUPS(x, xr, NR, g)
+        for (int h = 0; h < 2; h++) {
+            __m256i w = WEIGHTS(u, g, h);
+            for (int r = 0; r < NR; r++) s[r][h] = _mm256_dpbusd_avx_epi32(s[r][h], w, x[r]);
+        }
+    }
+}
 #else
-/* w = byte ^ 0x80 signed (q + offset - 128); |w| (unsigned) times x signed as w: pairs of products in int16
-   (|.| <= 2 x 128 x 127, no saturation), summed into int32; the start value takes out offset - 128 */
-#define DOT(s, w, x) do {                                                                                     \
-        __m256i sw = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));                                       \
-        __m256i pr = _mm256_maddubs_epi16(_mm256_abs_epi8(sw), _mm256_sign_epi8(x, sw));                      \
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(pr, _mm256_set1_epi16(1)));                                 \
-    } while (0)
-#define START(xs, off) _mm256_set1_epi32((128 - (off)) * (xs))
+/* a block made ready for a tile of R rows. 8 bits: the signed quants w = byte ^ 0x80 at ub [512..1023] and their
+   magnitudes |w| at ub [0..511] (`vpmaddubsw` multiplies |w|, unsigned, with x signed as w: pairs of products in
+   int16, |.| <= 2 x 128 x 127, no saturation); for one row the block as it is (`block_sums` makes w and |w| on the
+   fly). 4 and 5 bits: the bytes q + OFFSET (at most 31) at ub [0..511] */
+INLINE const uint8_t *ready(const uint8_t *wb, int bits, int R, uint8_t *ub) {
+    if (bits != 8) return unpack(wb, bits, ub);
+    if (R == 1) return wb;
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int v = 0; v < 16; v++) {
+        __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 * v)), flip);
+        _mm256_store_si256((__m256i *)(ub + BQ + 32 * v), w);
+        _mm256_store_si256((__m256i *)(ub + 32 * v), _mm256_abs_epi8(w));
+    }
+    return ub;
+}
+/* NR rows' exact int32 sums of the block's 16 columns (s[r][0]: columns 0-7, s[r][1]: 8-15). 8 bits: per group the
+   pairs of |w| x (x signed as w) in int16, widened to int32 (`vpmaddwd` by ones) and added. 4 and 5 bits:
+   q + OFFSET (<= 15, <= 31) times x in int16 pairs, 8 groups (4 bits: |.| <= 8 x 2 x 15 x 127) or 4 groups
+   (5 bits: |.| <= 4 x 2 x 31 x 127) added in int16 without overflow, then widened; the offset taken out by the
+   start value. Every sum is the exact integer, in any order. */
+INLINE void block_sums(const uint8_t *u, int bits, int R, const int8_t *const *xr, const int32_t *xs, int NR,
+                       __m256i s[][2]) {
+    const __m256i one = _mm256_set1_epi16(1);
+    if (bits == 8) {
+        for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+        for (int g = 0; g < 8; g++) {
+            __m256i x[4];
+            GROUPS(x, xr, NR, g)
+            for (int h = 0; h < 2; h++) {
+                __m256i a, w;
+                if (R == 1) {
+                    w = _mm256_xor_si256(WEIGHTS(u, g, h), _mm256_set1_epi8((char)0x80));
+                    a = _mm256_abs_epi8(w);
+                } else {
+                    a = WEIGHTS(u, g, h);
+                    w = WEIGHTS(u + BQ, g, h);
+                }
+                for (int r = 0; r < NR; r++)
+                    s[r][h] = _mm256_add_epi32(s[r][h], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(a, _mm256_sign_epi8(x[r], w)), one));
+            }
+        }
+        return;
+    }
+    const int run = bits == 4 ? 8 : 4; /* groups whose int16 sums cannot overflow */
+    for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_set1_epi32(-OFFSET(bits) * xs[r]);
+    for (int g0 = 0; g0 < 8; g0 += run) {
+        __m256i p[4][2];
+        for (int g = g0; g < g0 + run; g++) {
+            __m256i x[4];
+            GROUPS(x, xr, NR, g)
+            for (int h = 0; h < 2; h++) {
+                __m256i w = WEIGHTS(u, g, h);
+                for (int r = 0; r < NR; r++) {
+                    __m256i pr = _mm256_maddubs_epi16(w, x[r]);
+                    p[r][h] = g == g0 ? pr : _mm256_add_epi16(p[r][h], pr);
+                }
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            for (int h = 0; h < 2; h++) s[r][h] = _mm256_add_epi32(s[r][h], _mm256_madd_epi16(p[r][h], one));
+    }
+}
 #endif
+/* rows taken together by `block_sums` (each weight vector loaded once for them; more would spill registers) */
+#if QM_PATH == 2
+#define NR_OF(bits) 4
+#else
+#define NR_OF(bits) ((bits) == 8 ? 4 : (bits) == 5 ? 2 : 1)
+#endif
+/* NR rows from row r of a block: their sums, then per row the block's float operations as on every path: cvt,
+   scale = dw x dx, one fused multiply-add */
+INLINE void rows_block(const uint8_t *u, int bits, int R, const int8_t *xq, const float *xd, const int32_t *xs, idx nb,
+                       idx b, int r, int NR, const __m256 dw[2], __m256 acc[][2]) {
+    const int8_t *xr[4];
+    int32_t xsum[4];
+    __m256i s[4][2];
+    for (int i = 0; i < NR; i++) { xr[i] = xq + ((r + i) * nb + b) * QK; xsum[i] = xs[(r + i) * nb + b]; }
+    block_sums(u, bits, R, xr, xsum, NR, s);
+    for (int i = 0; i < NR; i++) {
+        __m256 dx = _mm256_set1_ps(xd[(r + i) * nb + b]);
+        for (int h = 0; h < 2; h++)
+            acc[r + i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][h]), _mm256_mul_ps(dw[h], dx), acc[r + i][h]);
+    }
+}
 #define TILE(R, BITS)                                                                                         \
 static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p,  \
                              int pf, float *out) {                                                             \
-    __m256 lo[R], hi[R];                                                                                      \
-    uint8_t ub[BQ] __attribute__((aligned(32)));                                                              \
-    for (int r = 0; r < R; r++) { lo[r] = _mm256_setzero_ps(); hi[r] = _mm256_setzero_ps(); }                 \
+    __m256 acc[R][2];                                                                                         \
+    uint8_t ub[2 * BQ] __attribute__((aligned(32)));                                                          \
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();                                  \
     const uint16_t *sc = (const uint16_t *)(p + nb * BYTES(BITS));                                            \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(BITS);                                                              \
         if (pf) for (int l = 0; l < BYTES(BITS); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);             \
-        const uint8_t *u = unpack(wb, BITS, ub);                                                              \
-        __m256 dlo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB)));                        \
-        __m256 dhi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB + 8)));                    \
-        for (int r = 0; r < R; r++) {                                                                         \
-            const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
-            __m256i s0 = START(xs[r * nb + b], OFFSET(BITS)), s1 = s0;                                        \
-            for (int g = 0; g < 8; g++) {                                                                     \
-                int32_t four;                                                                                 \
-                memcpy(&four, xr + 4 * g, 4);                                                                 \
-                __m256i xb = _mm256_set1_epi32(four);                                                         \
-                __m256i w0 = _mm256_loadu_si256((const __m256i *)(u + 64 * g));                               \
-                __m256i w1 = _mm256_loadu_si256((const __m256i *)(u + 64 * g + 32));                          \
-                DOT(s0, w0, xb);                                                                              \
-                DOT(s1, w1, xb);                                                                              \
-            }                                                                                                 \
-            __m256 dx = _mm256_set1_ps(xd[r * nb + b]);                                                       \
-            lo[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(dlo, dx), lo[r]);                   \
-            hi[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(dhi, dx), hi[r]);                   \
-        }                                                                                                     \
+        const uint8_t *u = ready(wb, BITS, R, ub);                                                            \
+        __m256 dw[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB))),                     \
+                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB + 8)))};                \
+        int r = 0;                                                                                            \
+        for (; r + NR_OF(BITS) <= R; r += NR_OF(BITS)) rows_block(u, BITS, R, xq, xd, xs, nb, b, r, NR_OF(BITS), dw, acc); \
+        if (r < R) rows_block(u, BITS, R, xq, xd, xs, nb, b, r, R % NR_OF(BITS), dw, acc);                   \
     }                                                                                                         \
-    for (int r = 0; r < R; r++) { _mm256_storeu_ps(out + r * NB, lo[r]); _mm256_storeu_ps(out + r * NB + 8, hi[r]); } \
+    for (int r = 0; r < R; r++) { _mm256_storeu_ps(out + r * NB, acc[r][0]); _mm256_storeu_ps(out + r * NB + 8, acc[r][1]); } \
 }
 #else
 INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
@@ -296,13 +386,23 @@ static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *x
 #define TILES(BITS) TILE(1, BITS) TILE(2, BITS) TILE(3, BITS) TILE(4, BITS)
 #define MORE_TILES(BITS) TILE(5, BITS) TILE(6, BITS) TILE(7, BITS) TILE(8, BITS) TILE(9, BITS) TILE(10, BITS) \
     TILE(11, BITS) TILE(12, BITS)
+#define MOST_TILES(BITS) TILE(13, BITS) TILE(14, BITS) TILE(15, BITS) TILE(16, BITS)
 TILES(8) TILES(5) TILES(4)
 #if MT > 4
 MORE_TILES(8) MORE_TILES(5) MORE_TILES(4)
-#define ROW(BITS) {0, tile1_##BITS, tile2_##BITS, tile3_##BITS, tile4_##BITS, tile5_##BITS, tile6_##BITS,       \
-    tile7_##BITS, tile8_##BITS, tile9_##BITS, tile10_##BITS, tile11_##BITS, tile12_##BITS}
+#endif
+#if MT > 12
+MOST_TILES(8) MOST_TILES(5) MOST_TILES(4)
+#endif
+#define ROW4(BITS) 0, tile1_##BITS, tile2_##BITS, tile3_##BITS, tile4_##BITS
+#define ROW12(BITS) ROW4(BITS), tile5_##BITS, tile6_##BITS, tile7_##BITS, tile8_##BITS, tile9_##BITS, tile10_##BITS, \
+    tile11_##BITS, tile12_##BITS
+#if MT == 16
+#define ROW(BITS) {ROW12(BITS), tile13_##BITS, tile14_##BITS, tile15_##BITS, tile16_##BITS}
+#elif MT == 12
+#define ROW(BITS) {ROW12(BITS)}
 #else
-#define ROW(BITS) {0, tile1_##BITS, tile2_##BITS, tile3_##BITS, tile4_##BITS}
+#define ROW(BITS) {ROW4(BITS)}
 #endif
 
 typedef void (*tile_fn)(const int8_t *, const float *, const int32_t *, idx, const uint8_t *, int, float *);

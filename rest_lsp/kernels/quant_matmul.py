@@ -26,7 +26,9 @@ block to the bytes q + offset and runs the 8-bit arithmetic on them, the offset 
 integer sums, and so every float operation after them, are those of the same values as 8-bit blocks, bit for
 bit. Paths, by the level a library is built for (levels.py): AVX-512 VNNI (zmm, up to 12 rows a tile with the
 block's weights in registers), AVX-VNNI (ymm), AVX2 (`vpmaddubsw` over |w| and x signed as w, no saturation
-since |x| <= 127), portable C. The panels are split between torch's OpenMP threads as in panel_matmul.py.
+since |x| <= 127; 4- and 5-bit blocks' products q + offset times x added in int16 over 8 or 4 groups, which cannot
+overflow), portable C. AVX-VNNI and AVX2 take up to 16 rows a tile: a block is unpacked (on AVX2 also made signed
+and absolute) once into L1 for all of them, so a tree step streams each panel once. The panels are split between torch's OpenMP threads as in panel_matmul.py.
 
 A prefill's many rows run on AMX-INT8 tiles where the CPU has them (compiled for a target with AMX-INT8, the tile
 state granted to the process by Linux; from `amx_rows()` rows a call): a panel's blocks unpacked once to their

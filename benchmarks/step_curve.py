@@ -1,0 +1,116 @@
+"""The quantized kernel alone over the linear layers of one step of the code model (Qwen2.5-Coder-0.5B's shapes), by
+rows a call and instruction-set level: the step-cost curve a tree step pays for its rows.
+
+    .venv/bin/python benchmarks/step_curve.py [--levels avx2,avx-vnni,avx512-vnni] [--bits 8,5,4] [--rows 1,2,4,8,16]
+                                              [--layers 24] [--rounds 7] [--threads 1] [--no-head]
+
+A pass is what a step's linear layers do: per layer the fused q/k/v, o, fused gate/up and down products, each layer's
+weights distinct (so every weight comes from memory once a pass, as in a real step), then the LM head. The weights
+are random panels of `bits`-bit blocks (the kernel's time does not depend on their values). The rows a call and the
+levels take turns within each round (the machine is shared and its speed drifts); a cell is the median of the
+rounds, and the ratio is to the same level's 1-row pass. `step_curve(level, bits)` returns one level's curve, for
+other benchmarks to import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from rest_lsp.kernels import levels, quant_matmul
+
+# Qwen2.5-Coder-0.5B: hidden 896, 14 query heads and 2 key/value heads of 64, intermediate 4864, vocabulary 151936;
+# the engine fuses q/k/v and gate/up into one product each
+LAYER = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864)}
+HEAD = (151936, 896)
+LAYERS = 24
+ROWS = (1, 2, 4, 8, 16)
+
+
+def random_panels(n: int, k: int, bits: int, gen: torch.Generator) -> torch.Tensor:
+    """Panels of random `bits`-bit blocks for an [n, k] weight (any byte is a valid quant), every scale 1/64."""
+    count, nb = -(-n // quant_matmul.PANEL), -(-k // quant_matmul.BLOCK)
+    panels = torch.randint(0, 256, (count, quant_matmul.panel_bytes(k, bits)), generator=gen, dtype=torch.uint8)
+    body = nb * quant_matmul.BLOCK_BYTES[bits]
+    scales = panels[:, body : body + nb * quant_matmul.PANEL * 2]
+    scales.view(torch.float16).fill_(1 / 64)
+    return panels
+
+
+class Pass:
+    """A step's weights of `bits`-bit panels, and the calls that multiply `rows` rows with all of them in order."""
+
+    def __init__(self, bits: int, layers: int = LAYERS, head: bool = True, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        shapes = [shape for _ in range(layers) for shape in LAYER.values()] + ([HEAD] if head else [])
+        self.bits = bits
+        self.weights = [(n, k, random_panels(n, k, bits, gen)) for n, k in shapes]
+        self.bytes = sum(p.numel() for _, _, p in self.weights)
+        widest = max(n for n, _, _ in self.weights)
+        self.x = torch.randn(max(ROWS) * 2, max(k for _, k, _ in self.weights), generator=gen)
+        self.y = torch.empty(max(ROWS) * 2 * widest)
+
+    def run(self, lib, rows: int, threads: int) -> float:
+        """One pass of `rows` rows on `lib`, in ms (CPU time of this thread on one thread, else wall clock)."""
+        xp, yp = self.x.data_ptr(), self.y.data_ptr()
+        clock = time.thread_time if threads == 1 else time.perf_counter
+        start = clock()
+        for n, k, panels in self.weights:
+            if lib.quant_mm(xp, rows, k, panels.data_ptr(), n, self.bits, None, yp, threads) < 0:
+                raise MemoryError("quant_mm: no scratch memory")
+        return (clock() - start) * 1e3
+
+
+def curves(levels_: list[str], bits: int, rows=ROWS, layers: int = LAYERS, rounds: int = 7, threads: int = 1,
+           head: bool = True) -> dict[str, dict[int, float]]:
+    """{level: {rows: median ms of a pass}} for `bits`-bit panels, the levels and row counts taking turns."""
+    libs = {level: quant_matmul.library(level) for level in levels_}
+    missing = [level for level, lib in libs.items() if lib is None]
+    if missing:
+        raise RuntimeError(f"no quantized kernel at level(s) {', '.join(missing)} here")
+    step = Pass(bits, layers, head)
+    for lib in libs.values():  # warm: the pages touched, each library's first call made
+        step.run(lib, 1, threads)
+    times: dict[str, dict[int, list[float]]] = {level: {r: [] for r in rows} for level in levels_}
+    for i in range(rounds):
+        order = list(rows) if i % 2 == 0 else list(reversed(rows))
+        for r in order:
+            for level, lib in libs.items():
+                times[level][r].append(step.run(lib, r, threads))
+    return {level: {r: statistics.median(ts) for r, ts in by_rows.items()} for level, by_rows in times.items()}
+
+
+def step_curve(level: str, bits: int = 8, rows=ROWS, **kwargs) -> dict[int, float]:
+    """One level's curve: {rows: median ms of the step's linear layers} (see `curves` for the keyword arguments)."""
+    return curves([level], bits, rows, **kwargs)[level]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    default = [lv for lv in ("avx2", "avx-vnni", "avx512-vnni", "amx") if lv in levels.runnable()]
+    parser.add_argument("--levels", default=",".join(default))
+    parser.add_argument("--bits", default="8,5,4")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)))
+    parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-head", action="store_true", help="leave the LM head out")
+    args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    clock = "CPU" if args.threads == 1 else "wall"
+    print(f"{args.layers} layers{'' if args.no_head else ' + head'}, {args.threads} thread(s), medians of "
+          f"{args.rounds} rounds; {clock} ms of a pass (ratio to 1 row)")
+    for bits in (int(b) for b in args.bits.split(",")):
+        result = curves(args.levels.split(","), bits, rows, args.layers, args.rounds, args.threads,
+                        not args.no_head)
+        print(f"\n{bits}-bit panels | " + " | ".join(f"{r} rows" for r in rows))
+        for level, curve in result.items():
+            one = curve.get(1, curve[rows[0]])
+            print(f"{level:12s} | " + " | ".join(f"{curve[r]:6.1f} ({curve[r] / one:4.2f}x)" for r in rows))
+
+
+if __name__ == "__main__":
+    main()
