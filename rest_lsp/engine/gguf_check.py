@@ -27,12 +27,31 @@ def check(header: Header) -> None:
         raise BadGguf(f"{name} holds no weight tensors (only a header); it cannot be loaded.")
     if not header.arch:
         raise BadGguf(f"{name} names no architecture (general.architecture); it cannot be loaded.")
+    _check_types(header, name)
     embed = header.tensors.get("token_embd.weight")
     if embed is None or len(embed.shape) != 2:
         raise BadGguf(f"{name} lacks the token embeddings (token_embd.weight); it cannot be loaded.")
     _check_blocks(header, name)
     _check_widths(header, name, hidden=embed.shape[0])
     _check_vocabulary(header, name, rows=embed.shape[1])
+
+
+# the header fields transformers sizes the model by: (key under the architecture, whether a per-layer list is allowed)
+_SIZES = (("block_count", False), ("context_length", False), ("embedding_length", False), ("vocab_size", False),
+          ("feed_forward_length", True), ("attention.head_count", True), ("attention.head_count_kv", True),
+          ("attention.key_length", False), ("attention.value_length", False))
+
+
+def _check_types(header: Header, name: str) -> None:
+    for key, per_layer in _SIZES:
+        full = f"{header.arch}.{key}"
+        if full not in header.fields and full not in header.array_lengths:
+            continue
+        value = header.fields.get(full)
+        values = value if per_layer and isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            shown = type(value).__name__ if full in header.fields else "long list"
+            raise BadGguf(f"{name} states {full} as a {shown}, not a whole number; the file is damaged.")
 
 
 def _check_blocks(header: Header, name: str) -> None:
@@ -89,6 +108,8 @@ def _check_widths(header: Header, name: str, hidden: int) -> None:
     if stated is not None and stated != hidden:
         raise BadGguf(f"{name} states {arch}.embedding_length {stated} but its token embeddings are {hidden} wide; "
                       "the file is damaged.")
+    if header.get(f"{arch}.attention.head_count", int) == 0:
+        raise BadGguf(f"{name} states 0 attention heads; the file is damaged.")
     context = header.get(f"{arch}.context_length", int)
     if context is not None and not 0 < context <= MAX_CONTEXT:
         raise BadGguf(f"{name} states a context of {context} tokens; the file is damaged.")

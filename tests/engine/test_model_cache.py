@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf_writer import write_gguf
 from support import tiny_folder
 from transformers import LlamaForCausalLM
 
@@ -51,8 +52,7 @@ def _fake_gguf(tmp_path: Path, module, monkeypatch, name="m.gguf") -> tuple[str,
     """A .gguf path whose 'conversion' loads a tiny model folder; returns (path, list of conversions)."""
     source = tiny_folder(tmp_path / "source")
     (tmp_path / "g").mkdir()
-    gguf = tmp_path / "g" / name
-    gguf.write_bytes(b"GGUF" + b"\0" * 60)
+    gguf = write_gguf(tmp_path / "g" / name)
     conversions = []
     real = module._from_pretrained
 
