@@ -67,7 +67,7 @@ def private_folder(folder: Path) -> None:
         if up.st_uid not in (os.getuid(), 0) or (up.st_mode & 0o002 and not up.st_mode & stat.S_ISVTX):
             problem = f"in a folder other users can change (uid {up.st_uid}, mode {stat.S_IMODE(up.st_mode):o})"
     if problem is not None:
-        raise UntrustedCache(f"{folder} is {problem}")
+        raise UntrustedCache(f"it is {problem}")
 
 
 def folder(name: str) -> Path | None:
@@ -78,8 +78,9 @@ def folder(name: str) -> Path | None:
         try:
             private_folder(where)
         except OSError as err:
-            warn_once(str(shown), f"The cache folder {shown} is not used ({err.strerror or err}); rest-lsp works "
-                                  "without it (REST_LSP_CACHE_DIR names another).")
+            why = str(err) if isinstance(err, UntrustedCache) else f"it cannot be made ({err.strerror or err})"
+            warn_once(str(shown), f"The cache folder {shown} is not used: {why}; rest-lsp works without it "
+                                  "(REST_LSP_CACHE_DIR names another).")
             return None
     return root / name
 
@@ -108,7 +109,7 @@ def read_bytes(path: Path) -> bytes:
             if (why := not_private(up)) is not None:
                 problem = f"in a folder {why}"
         if problem is not None:
-            raise UntrustedCache(f"{path} is {problem}")
+            raise UntrustedCache(f"it is {problem}")
         return f.read()
 
 
