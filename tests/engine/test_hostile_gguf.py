@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rest_lsp
-from rest_lsp.engine import gguf_blocks, gguf_header, model
+from rest_lsp.engine import gguf_blocks, model
 from rest_lsp.engine.model import ModelLoadError, load_model
 from rest_lsp.engine.model_source import resolve
 
@@ -125,6 +125,8 @@ def test_a_model_path_that_is_no_file_is_told_for_what_it_is(tmp_path, make, sai
 # -- the gguf mode's header reader --------------------------------------------------------------------------------
 def test_the_header_reader_gives_gguf_readers_tensors(tmp_path):
     from gguf import GGUFReader
+
+    from rest_lsp.engine import gguf_header
 
     path = write_gguf(tmp_path / "q.gguf", kinds={"attn_q": "Q8_0", "ffn_up": "Q4_0", "ffn_down": "Q5_0",
                                                      "token_embd": "F16", "ffn_gate": "Q4_1"})

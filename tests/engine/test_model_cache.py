@@ -123,11 +123,10 @@ def test_load_tokenizer_rebuilds_a_corrupt_cached_tokenizer(tmp_path, model_modu
 def _embedding_of(path: Path):
     """The token embeddings the .gguf at `path` holds (F32), as transformers' [vocab, hidden]."""
     import numpy as np
+    from gguf import GGUFReader
 
-    from rest_lsp.engine import gguf_header
-
-    t = gguf_header.read(path).tensors["token_embd.weight"]
-    return torch.from_numpy(np.frombuffer(t.data.tobytes(), np.float32).reshape(t.shape[1], t.shape[0]).copy())
+    t = next(t for t in GGUFReader(path).tensors if t.name == "token_embd.weight")
+    return torch.from_numpy(np.array(t.data, np.float32).reshape(int(t.shape[1]), int(t.shape[0])))
 
 
 def _conversions(cache: Path) -> list[Path]:
