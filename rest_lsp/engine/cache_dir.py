@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -31,8 +32,13 @@ from rest_lsp.engine.model_source import cache_root
 
 log = logging.getLogger(__name__)
 
-# How many entries each folder keeps (least recently used removed first); README.md states these.
-KEPT = {"models": 3, "tokenizers": 16, "digests": 64}
+# What each folder keeps, least recently used removed first (README.md states these): conversions of .gguf files
+# up to MODELS_BYTES together (the one in use always), so many small models fit and a few large ones; saved tokenizers
+# and file digests by count. Only entries named as rest-lsp names them are ever removed.
+MODELS_BYTES = 8 << 30
+KEPT = {"tokenizers": 16, "digests": 64}
+ENTRY_NAMES = {"models": re.compile(r".+-[0-9a-f]{12}(?:[0-9a-f]{4})?"),  # 12: before content keys
+               "tokenizers": re.compile(r".+-[0-9a-f]{16}\.json"), "digests": re.compile(r"[0-9a-f]{16}\.json")}
 _warned: set[str] = set()
 _digests: dict[tuple, str] = {}  # (resolved path, dev, inode, size, mtime_ns, ctime_ns) -> sha256, this process
 
@@ -134,20 +140,41 @@ def touch(path: Path) -> None:
         os.utime(path)
 
 
-def prune(where: Path, keep: int, current: Path | None = None) -> None:
-    """Removes all but the `keep` most recently used entries of the folder `where` (names not starting with '.'),
-    never `current`."""
+def prune(where: Path, keep: int | None = None, current: Path | None = None, max_bytes: int | None = None) -> None:
+    """Removes the least recently used entries of the folder `where` that rest-lsp named (ENTRY_NAMES), never
+    `current`, until at most `keep` remain, or (`max_bytes`) until they hold at most that many bytes together."""
+    pattern = ENTRY_NAMES[where.name]
     try:
-        entries = [(p.lstat().st_mtime_ns, p) for p in where.iterdir() if not p.name.startswith(".") and p != current]
+        entries = [(p.lstat().st_mtime_ns, p) for p in where.iterdir() if pattern.fullmatch(p.name) and p != current]
     except OSError:
         return
     entries.sort(reverse=True)
-    for _, old in entries[max(0, keep - (current is not None)) :]:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                old.unlink()
+    total = _size(current) if current is not None and max_bytes is not None else 0
+    for i, (_, old) in enumerate(entries):
+        if max_bytes is not None:
+            total += _size(old)
+            if total <= max_bytes:
+                continue
+        elif i < keep - (current is not None):
+            continue
+        remove(old)
+
+
+def remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            entry.unlink()
+
+
+def _size(entry: Path) -> int:
+    try:
+        if not entry.is_dir() or entry.is_symlink():
+            return entry.lstat().st_size
+        return sum(f.lstat().st_size for f in entry.rglob("*"))
+    except OSError:
+        return 0
 
 
 # -- what a model file holds ---------------------------------------------------------------------------------------

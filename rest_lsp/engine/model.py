@@ -33,6 +33,8 @@ __all__ = ["DEFAULT_GGUF_NAME", "DEFAULT_MODEL", "LoadedModel", "ModelLoadError"
 
 log = logging.getLogger(__name__)
 
+SOURCE_FILE = "rest-lsp-source.txt"  # in a kept conversion: the path of the .gguf it was made from
+
 
 @dataclass
 class Tokenizer:
@@ -173,13 +175,14 @@ def _load_gguf_cached(folder: str, gguf_file: str, dtype: torch.dtype):
                         "" if keep else " without keeping it (it cannot be removed)")
     model, tok = _from_pretrained(folder, gguf_file, torch.float32)
     if keep:
-        _keep_conversion(model, tok, cached)
+        _keep_conversion(model, tok, cached, Path(folder) / gguf_file)
     return model.to(dtype), tok
 
 
-def _keep_conversion(model, tok, cached: Path) -> None:
-    """Save the dequantized model into `cached`, all or nothing; a failure only costs the next load a conversion.
-    The oldest conversions beyond cache_dir.KEPT["models"] are removed."""
+def _keep_conversion(model, tok, cached: Path, source: Path) -> None:
+    """Save the dequantized model of the .gguf `source` into `cached`, all or nothing; a failure only costs the next
+    load a conversion. The conversions of earlier versions of that path go, and the least recently used ones beyond
+    cache_dir.MODELS_BYTES."""
     tmp = None
     try:
         tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
@@ -189,14 +192,30 @@ def _keep_conversion(model, tok, cached: Path) -> None:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        (tmp / SOURCE_FILE).write_text(str(source.resolve()), encoding="utf-8")
         os.replace(tmp, cached)  # atomic: a reader sees the whole folder or none
         tmp = None
-        cache_dir.prune(cached.parent, cache_dir.KEPT["models"], cached)
+        _forget_older_conversions(cached, source)
+        cache_dir.prune(cached.parent, current=cached, max_bytes=cache_dir.MODELS_BYTES)
     except Exception as err:  # save_pretrained raises more than OSError (ValueError, RuntimeError, ...)
         log.warning("Could not keep the converted model in %s (%s); the next load converts again.", cached, err)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _forget_older_conversions(cached: Path, source: Path) -> None:
+    """Removes the other conversions made from the path `source` (its earlier versions: the file was replaced)."""
+    name = str(source.resolve())
+    for other in cached.parent.iterdir():
+        if other == cached or not cache_dir.ENTRY_NAMES["models"].fullmatch(other.name):
+            continue
+        try:
+            if (other / SOURCE_FILE).read_text(encoding="utf-8") != name:
+                continue
+        except (OSError, UnicodeDecodeError):
+            continue
+        cache_dir.remove(other)
 
 
 def _local(folder: str, gguf_file: str | None) -> tuple[str, str | None]:

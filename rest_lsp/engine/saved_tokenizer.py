@@ -98,7 +98,7 @@ def keep(spec: str | None, hf) -> None:
         except OSError:
             pass
         cache_dir.write_bytes(path, text)  # atomic: a reader sees the old file or the whole new one
-        cache_dir.prune(path.parent, cache_dir.KEPT["tokenizers"], path)
+        cache_dir.prune(path.parent, cache_dir.KEPT["tokenizers"], path)  # the least recently used beyond the cap
     except Exception as err:  # noqa: BLE001 - see the docstring
         log.warning("Could not save the tokenizer for quick loading (%s); `rest-lsp index` stays slow.", err)
 

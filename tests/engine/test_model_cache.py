@@ -150,20 +150,35 @@ def test_a_file_replaced_with_its_size_and_time_kept_is_converted_again(tmp_path
     assert _loads_its_own_weights(path)
 
 
-def test_touching_a_file_keeps_its_one_conversion_and_the_folder_is_capped(tmp_path, model_module):
-    from rest_lsp.engine import cache_dir
-
+def test_a_file_keeps_one_conversion_touched_or_replaced(tmp_path, model_module):
     path = write_gguf(tmp_path / "model.gguf")
     load_model(str(path), "cpu", "float32")
-    os.utime(path, (1e9, 1e9))  # touch
+    os.utime(path, (1e9, 1e9))  # touch: the same bytes
     load_model(str(path), "cpu", "float32")
     assert len(_conversions(tmp_path / "cache")) == 1
-    models = [write_gguf(tmp_path / f"m{i}.gguf", seed=10 + i) for i in range(cache_dir.KEPT["models"] + 1)]
-    for i, other in enumerate(models):
-        load_model(str(other), "cpu", "float32")
+    path.write_bytes(write_gguf(tmp_path / "other.gguf", seed=1).read_bytes())  # a new version of the file
+    load_model(str(path), "cpu", "float32")
+    (kept,) = _conversions(tmp_path / "cache")  # the old version's conversion went
+    assert kept == model._conversion_dir(str(path.parent), path.name)
+
+
+def test_the_conversions_are_capped_and_only_rest_lsps_own_entries_go(tmp_path, model_module, monkeypatch):
+    from rest_lsp.engine import cache_dir
+
+    first = write_gguf(tmp_path / "m0.gguf", seed=10)
+    load_model(str(first), "cpu", "float32")
+    (one,) = _conversions(tmp_path / "cache")
+    size = sum(f.stat().st_size for f in one.rglob("*"))
+    monkeypatch.setattr(cache_dir, "MODELS_BYTES", int(2.5 * size))  # room for two
+    mine = tmp_path / "cache" / "models" / "qwen2.5-coder"  # a user's own file in the folder: never removed
+    mine.mkdir()
+    (mine / "model.gguf").write_bytes(b"GGUF")
+    models = [first] + [write_gguf(tmp_path / f"m{i}.gguf", seed=10 + i) for i in (1, 2)]
+    for m in models[1:]:
+        load_model(str(m), "cpu", "float32")
     kept = _conversions(tmp_path / "cache")
-    assert len(kept) == cache_dir.KEPT["models"]
-    assert {p.name.split("-")[0] for p in kept} == {m.stem for m in models[1:]}  # the least recently used went
+    assert mine in kept and len(kept) == 3
+    assert {p.name.split("-")[0] for p in kept if p != mine} == {"m1", "m2"}  # the least recently used went
 
 
 def _planted(tmp_path: Path, victim: Path) -> Path:
