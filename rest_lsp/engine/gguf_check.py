@@ -63,10 +63,11 @@ def _check_blocks(header: Header, name: str) -> None:
     for tensor in header.tensors:
         if m := _BLOCK.fullmatch(tensor):
             layers.setdefault(int(m[1]), set()).add(m[2])
-    missing = [i for i in range(count) if i not in layers]
-    if missing:
-        raise BadGguf(f"{name} claims {count} layers but holds no tensors for {len(missing)} of them (first: layer "
-                      f"{missing[0]}); the file is truncated or damaged.")
+    held = sum(1 for i in layers if i < count)  # never a list of `count`: the header may claim 2^60 layers
+    if held < count:
+        first = next(i for i in range(count) if i not in layers)  # within the first len(layers) + 1
+        raise BadGguf(f"{name} claims {count} layers but holds no tensors for {count - held} of them (first: layer "
+                      f"{first}); the file is truncated or damaged.")
     extra = sorted(i for i in layers if i >= count)
     if extra:
         raise BadGguf(f"{name} claims {count} layers but holds tensors of layer {extra[0]}; the file is damaged.")

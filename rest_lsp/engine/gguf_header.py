@@ -167,7 +167,7 @@ def _parse(buf, path: str, name: str, size: int) -> Header:
         for _ in range(n_kv):
             _read_entry(cur, header)
         alignment = header.fields.get("general.alignment", 32)
-        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):  # bool is no alignment
             raise BadGguf(f"{name} is damaged: general.alignment is {alignment!r}, not a power of two.")
         table = [_read_tensor(cur, name) for _ in range(n_tensors)]
         header.data_offset = -(-cur.pos // alignment) * alignment

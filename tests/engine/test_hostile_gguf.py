@@ -29,6 +29,7 @@ from rest_lsp.engine.model_source import resolve
 
 PEAK_RSS_MB = 700  # torch and transformers imported: about 250-350 MB; a header's claimed model is not allocated
 EXAMPLES = 100
+WORKER_ADDRESS_SPACE = 16 << 30  # virtual: torch's threads and libraries reserve far more than they touch
 
 
 # -- the scripted cases -------------------------------------------------------------------------------------------
@@ -77,6 +78,7 @@ def test_a_header_only_file_claiming_a_big_model_allocates_nothing(tmp_path, cac
 @pytest.mark.parametrize("key, value, said", [
     ("llama.feed_forward_length", 3072, r"ffn_up.weight of .m.gguf. has the shape \[64, 128\] where its header"),
     ("llama.block_count", 40, "claims 40 layers but holds no tensors for 39 of them"),
+    ("llama.block_count", 1 << 60, "claims 1152921504606846976 layers but holds no tensors for"),
     ("llama.embedding_length", 4096, "states llama.embedding_length 4096 but its token embeddings are 64 wide"),
     ("llama.attention.head_count_kv", 4, r"attn_k.weight of .m.gguf. has the shape \[64, 32\]"),
     ("llama.context_length", 1 << 40, "states a context of 1099511627776 tokens"),
@@ -243,6 +245,13 @@ def hostile(draw) -> tuple[str, bytes | dict, bool]:
     return kind, bytes(data), False
 
 
+def _limit_memory() -> None:
+    """The worker's address space, capped: a load that allocates what a header claims fails there, not the machine."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (WORKER_ADDRESS_SPACE, WORKER_ADDRESS_SPACE))
+
+
 class Worker:
     def __init__(self, tmp: Path, cache: Path):
         prompt = tmp / "prompt.txt"
@@ -252,13 +261,18 @@ class Worker:
                    PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
         env.pop("REST_LSP_DTYPE", None)
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("load_worker.py")), str(prompt)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     preexec_fn=_limit_memory)
         assert self._answer(120).get("ready")
 
     def _answer(self, timeout: float) -> dict:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, f"no answer within {timeout} s"
-        return json.loads(self.proc.stdout.readline())
+        if not ready:
+            self.proc.kill()  # a load that hangs or keeps allocating ends with the test
+            raise AssertionError(f"no answer within {timeout} s")
+        line = self.proc.stdout.readline()
+        assert line, f"the worker ended (exit {self.proc.wait()})"
+        return json.loads(line)
 
     def run(self, path: Path) -> dict:
         self.proc.stdin.write(f"{path}\n")
@@ -266,8 +280,12 @@ class Worker:
         return self._answer(120)
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(30)
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -183,7 +183,8 @@ def test_the_conversions_are_capped_and_only_rest_lsps_own_entries_go(tmp_path, 
 
 def _planted(tmp_path: Path, victim: Path) -> Path:
     """The victim's conversion folder, filled with another model's conversion (what a local attacker writes)."""
-    other = write_gguf(tmp_path / "attacker" / "model.gguf", seed=7) if (tmp_path / "attacker").mkdir() is None else None
+    (tmp_path / "attacker").mkdir()
+    other = write_gguf(tmp_path / "attacker" / "model.gguf", seed=7)
     cached = model._conversion_dir(str(victim.parent), victim.name)
     load_model(str(other), "cpu", "float32")
     planted = next(p for p in _conversions(cached.parent.parent) if p != cached and p.name.startswith("model-"))
@@ -222,7 +223,7 @@ def test_a_conversion_another_user_could_write_or_this_user_cannot_read_is_not_u
 @pytest.mark.parametrize("where", ["root", "models"])
 def test_a_cache_folder_others_may_write_is_not_used_at_all(tmp_path, model_module, where, caplog):
     victim = write_gguf((tmp_path / "victim").mkdir() or tmp_path / "victim" / "model.gguf", seed=0)
-    cached = _planted(tmp_path, victim)
+    _planted(tmp_path, victim)
     folder = tmp_path / "cache" if where == "root" else tmp_path / "cache" / "models"
     folder.chmod(0o777)
     before = sorted(p.name for p in folder.rglob("*"))
