@@ -28,7 +28,6 @@ import stat
 import tempfile
 from pathlib import Path
 
-from rest_lsp.engine.model_source import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +40,15 @@ ENTRY_NAMES = {"models": re.compile(r".+-[0-9a-f]{12}(?:[0-9a-f]{4})?"),  # 12: 
                "tokenizers": re.compile(r".+-[0-9a-f]{16}\.json"), "digests": re.compile(r"[0-9a-f]{16}\.json")}
 _warned: set[str] = set()
 _digests: dict[tuple, str] = {}  # (resolved path, dev, inode, size, mtime_ns, ctime_ns) -> sha256, this process
+
+
+def cache_root() -> Path:
+    """The user's rest-lsp cache folder: REST_LSP_CACHE_DIR, else the platform's user cache folder."""
+    if env := os.environ.get("REST_LSP_CACHE_DIR"):
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("rest-lsp"))
 
 
 class UntrustedCache(OSError):

@@ -99,8 +99,16 @@ def _width_rules(header: Header, hidden: int):
             # the head width: stated, else the query's rows per head (some configs default it, e.g. Qwen3's 128)
             dim = head_dim or (q.shape[1] // heads if q.shape[1] % heads == 0 else 0)
             yield q.name, q.shape, (hidden, heads * dim), "embedding_length, attention.head_count"
-            if kv and (w := t.get(f"blk.{i}.attn_k.weight")) is not None:
-                yield w.name, w.shape, (hidden, kv * dim), "attention.head_count, attention.head_count_kv"
+            for part in ("attn_k", "attn_v"):
+                if kv and (w := t.get(f"blk.{i}.{part}.weight")) is not None:
+                    yield w.name, w.shape, (hidden, kv * dim), "attention.head_count, attention.head_count_kv"
+            if (w := t.get(f"blk.{i}.attn_output.weight")) is not None:
+                yield w.name, w.shape, (heads * dim, hidden), "attention.head_count, embedding_length"
+        for part in ("attn_norm", "ffn_norm"):
+            if (w := t.get(f"blk.{i}.{part}.weight")) is not None:
+                yield w.name, w.shape, (hidden,), "embedding_length"
+    if (w := t.get("output_norm.weight")) is not None:
+        yield w.name, w.shape, (hidden,), "embedding_length"
 
 
 def _check_widths(header: Header, name: str, hidden: int) -> None:

@@ -27,6 +27,7 @@ MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 MAX_DIMS = 4  # GGML_MAX_DIMS
 KEPT_ARRAY = 4096  # numeric arrays up to this many elements are kept (per-layer head counts); longer ones skipped
+MAX_NAME = 256  # a metadata key or tensor name longer than this is not one (llama.cpp's: 64)
 MAX_STRING = 1 << 24  # a metadata string longer than this (16 MiB) is not a GGUF string
 
 # metadata value types: struct format of a scalar (STRING = 8 and ARRAY = 9 are read apart)
@@ -109,7 +110,8 @@ class _Cursor:
         self.pos += size
         return value
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, name_like: bool = False) -> str:
+        """A GGUF string; `name_like`: a key or tensor name, printable and short (it goes into messages)."""
         n = self.unpack("<Q", what)
         if n > MAX_STRING:
             raise BadGguf(f"{self.name} is damaged: its {what} claims {n} bytes.")
@@ -117,9 +119,12 @@ class _Cursor:
         raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         try:
-            return raw.decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise BadGguf(f"{self.name} is damaged: its {what} is not UTF-8 text.") from None
+        if name_like and not (text.isprintable() and len(text) <= MAX_NAME):
+            raise BadGguf(f"{self.name} is damaged: its {what} is not a name (unprintable or too long).")
+        return text
 
     def skip_strings(self, count: int, what: str) -> None:
         buf, pos, end = self.buf, self.pos, len(self.buf)
@@ -176,13 +181,14 @@ def _parse(buf, path: str, name: str, size: int) -> Header:
                 raise BadGguf(f"{name} is damaged: it lists tensor {tensor_name} twice.")
             header.tensors[tensor_name] = _checked_tensor(name, path, size, header.data_offset, alignment,
                                                           tensor_name, shape, type_id, offset)
+        _check_overlaps(name, list(header.tensors.values()))
         return header
     finally:
         cur.buf.release()
 
 
 def _read_entry(cur: _Cursor, header: Header) -> None:
-    key = cur.string("metadata key")
+    key = cur.string("metadata key", name_like=True)
     if key in header.fields or key in header.array_lengths:
         raise BadGguf(f"{cur.name} is damaged: metadata key {key} appears twice.")
     kind = cur.unpack("<I", f"type of {key}")
@@ -209,7 +215,7 @@ def _read_entry(cur: _Cursor, header: Header) -> None:
 
 
 def _read_tensor(cur: _Cursor, name: str) -> tuple[str, tuple[int, ...], int, int]:
-    tensor_name = cur.string("tensor name")
+    tensor_name = cur.string("tensor name", name_like=True)
     n_dims = cur.unpack("<I", f"dimension count of {tensor_name}")
     if not 1 <= n_dims <= MAX_DIMS:
         raise BadGguf(f"{name} is damaged: tensor {tensor_name} claims {n_dims} dimensions.")
@@ -236,3 +242,11 @@ def _checked_tensor(name: str, path: str, size: int, data: int, alignment: int, 
         raise BadGguf(f"{name} is truncated or damaged: tensor {tensor_name} ({nbytes} bytes at offset {offset}) "
                       f"does not lie inside the file's {size} bytes.")
     return Tensor(tensor_name, shape, type_id, data + offset, nbytes, path)
+
+
+def _check_overlaps(name: str, tensors: list[Tensor]) -> None:
+    """Each tensor's bytes are its own: a shape grown past its bytes (a damaged dimension) overlaps the next one."""
+    ordered = sorted(tensors, key=lambda t: t.offset)
+    for a, b in zip(ordered, ordered[1:]):
+        if a.offset + a.nbytes > b.offset:
+            raise BadGguf(f"{name} is damaged: tensor {a.name} ({a.nbytes} bytes) overlaps tensor {b.name}.")

@@ -113,7 +113,16 @@ def _from_pretrained(folder: str, gguf_file: str | None, dtype: torch.dtype):
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     tok = AutoTokenizer.from_pretrained(folder, **kwargs)
-    model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, output_loading_info=True, **kwargs)
+    # a tensor of another shape than the config's is reported here (not raised), then refused below
+    model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, output_loading_info=True,
+                                                       ignore_mismatched_sizes=True, **kwargs)
+    if mismatched := sorted(info.get("mismatched_keys") or ()):
+        key, found, wanted = (list(mismatched[0]) + [None, None])[:3]
+        raise ModelLoadError(
+            f"Model '{gguf_file or folder}' holds {len(mismatched)} weight tensor{'s' * (len(mismatched) > 1)} of "
+            f"another shape than its config describes (first: {key}, {list(found or ())} where "
+            f"{list(wanted or ())} is needed); the file is damaged."
+        )
     if missing := gguf_check.missing_weights(info):
         # transformers initialized these at random: the model would write text from random numbers
         raise ModelLoadError(

@@ -12,6 +12,7 @@ import os
 import stat
 from pathlib import Path
 
+from rest_lsp.engine.cache_dir import cache_root, content_digest
 from rest_lsp.errors import ModelLoadError
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,14 +27,6 @@ def _default_model() -> str:
 
 
 DEFAULT_MODEL = _default_model()
-
-
-def cache_root() -> Path:
-    if env := os.environ.get("REST_LSP_CACHE_DIR"):
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("rest-lsp"))
 
 
 def resolve(spec: str | None) -> tuple[str, str | None]:
@@ -96,8 +89,6 @@ def gguf_cache_dir(folder: str, gguf_file: str) -> Path:
     """Where the conversion of this .gguf is kept: named by the file's content (cache_dir.content_digest) and the
     transformers version that dequantizes it, not by its path or times."""
     from importlib import metadata
-
-    from rest_lsp.engine.cache_dir import content_digest
 
     try:
         version = metadata.version("transformers")
