@@ -26,21 +26,26 @@ torch.set_num_threads(1)
 FORCED_DTYPE = os.environ.pop("REST_LSP_DTYPE", None)
 
 # Folders under the rest-lsp cache that cost much to fill and hold nothing a test's outcome depends on: converted
-# .gguf models. They are kept across sessions in pytest's cache folder (linked in); everything else the code writes
-# under its cache root (acceptance tables, step-cost curves, indexes, tokenizers, the compiled panel kernel, whose
-# folder may not be a link and which builds in about a second) goes to a folder of this session's own, never the
-# user's real cache.
+# .gguf models. They are kept across sessions in pytest's cache folder and moved into this session's cache folder for
+# its length (a cache folder may not be a link: engine/cache_dir.py); everything else the code writes under its cache
+# root (acceptance tables, step-cost curves, indexes, tokenizers, the compiled panel kernel) goes to a folder of this
+# session's own, never the user's real cache. A second session running at once starts without them.
 KEPT_CACHE_FOLDERS = ("models",)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "default_dtype: depends on the dtype a load gets when none is asked for "
                                        "(run again by dev.sh with REST_LSP_DTYPE set)")
-    session = Path(tempfile.mkdtemp(prefix="rest-lsp-test-cache-"))
     cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
-    if cache is not None:
-        for name in KEPT_CACHE_FOLDERS:
-            (session / name).symlink_to(cache.mkdir(f"rest-lsp-{name}"), target_is_directory=True)
+    # beside the kept folders (one file system: a rename moves them), mode 700
+    session = Path(tempfile.mkdtemp(prefix="rest-lsp-test-cache-",
+                                    dir=cache.mkdir("rest-lsp-sessions") if cache is not None else None))
+    for name in KEPT_CACHE_FOLDERS if cache is not None else ():
+        kept = cache.mkdir(f"rest-lsp-{name}")
+        try:
+            os.rename(kept, session / name)
+        except OSError:  # another session holds them
+            pass
     config.rest_lsp_cache_dir = session
     config.rest_lsp_forced_dtype = FORCED_DTYPE
     os.environ["REST_LSP_CACHE_DIR"] = str(session)  # subprocesses (servers, the CLI) inherit it
@@ -48,8 +53,15 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     session = getattr(config, "rest_lsp_cache_dir", None)
-    if session is not None:
-        shutil.rmtree(session, ignore_errors=True)  # the links go, the kept folders stay
+    if session is None:
+        return
+    cache = getattr(config, "cache", None)
+    for name in KEPT_CACHE_FOLDERS if cache is not None else ():
+        kept = Path(cache.mkdir(f"rest-lsp-{name}"))
+        if (session / name).is_dir() and not any(kept.iterdir()):
+            kept.rmdir()
+            os.rename(session / name, kept)  # kept for the next session
+    shutil.rmtree(session, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -15,10 +15,8 @@ import hashlib
 import json
 import logging
 import math
-import os
 import platform
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from rest_lsp.drafting.draft_tree import DraftTree, build_tree
+from rest_lsp.engine.cache_dir import read_bytes, write_bytes
 from rest_lsp.engine.runmode import cost_curve, cpuinfo_field
 
 log = logging.getLogger(__name__)
@@ -198,7 +197,7 @@ def _valid_ms(raw) -> dict[int, float] | None:
 def read_cached(path: Path, key: dict) -> dict[int, float] | None:
     """The measured ms of a cache file that belongs to `key`; None (with one log line) if absent, corrupt or foreign."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bytes(path))  # only a file of this user's alone (cache_dir)
     except (FileNotFoundError, NotADirectoryError):  # never measured here; a blocked folder is told on writing
         return None
     except (OSError, UnicodeDecodeError, ValueError) as err:
@@ -214,12 +213,9 @@ def read_cached(path: Path, key: dict) -> dict[int, float] | None:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Atomically: a reader sees the old file or the whole new one. OSError when it cannot be written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    """Atomically, into a folder of this user's alone: a reader sees the old file or the whole new one. OSError when
+    it cannot be written (UntrustedCache when the folder is another user's or others may write it)."""
+    write_bytes(path, json.dumps(data, indent=1).encode("utf-8"))
 
 
 def write_cached(path: Path, key: dict, ms: dict[int, float]) -> bool:

@@ -1,5 +1,5 @@
 """A .gguf's own weight blocks, for the gguf mode (`--dtype gguf`): its Q8_0, Q5_0 and Q4_0 tensors read raw
-(gguf's GGUFReader, the file memory-mapped) as blocks of 32 small integers and one fp16 scale, named by the
+(gguf_header's tensor table, the file memory-mapped) as blocks of 32 small integers and one fp16 scale, named by the
 transformers module they fill.
 
 transformers dequantizes a .gguf to fp32 with the blocks' own formula (w = d x q), so a block read here is kept
@@ -79,15 +79,14 @@ class GgufWeights:
     """The blocks of one .gguf's tensors, looked up by GGUF tensor name and checked against the loaded weight."""
 
     def __init__(self, path: str | Path):
-        from gguf import GGUFReader
+        from rest_lsp.engine import gguf_header
 
         self.path = str(path)
-        reader = GGUFReader(self.path)
-        self.tensors = {t.name: t for t in reader.tensors}
-        arch = _field(reader, "general.architecture")
-        self.arch = str(arch) if arch is not None else ""
-        self.heads = _field(reader, f"{self.arch}.attention.head_count")
-        self.kv_heads = _field(reader, f"{self.arch}.attention.head_count_kv") or self.heads
+        header = gguf_header.read(self.path)  # the header and tensor table only, checked against the file's size
+        self.tensors = header.tensors
+        self.arch = header.arch
+        self.heads = header.get(f"{self.arch}.attention.head_count", int)
+        self.kv_heads = header.get(f"{self.arch}.attention.head_count_kv", int) or self.heads
         self.kept: dict[str, int] = {}  # tensor name -> the bits its panels keep
         self.unmatched: list[str] = []  # block tensors whose d x q is not the loaded weight (requantized instead)
 
@@ -131,13 +130,3 @@ class GgufWeights:
         log.info("gguf mode: %s of %s's tensors run on their own blocks (8/5/4 bits: %d/%d/%d); the others are "
                  "requantized to Q8_0.", len(self.kept), Path(self.path).name, counts[8], counts[5], counts[4])
 
-
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    try:
-        return field.contents()
-    except Exception:  # noqa: BLE001 - an older gguf: the last part holds a scalar's value
-        value = field.parts[field.data[0]]
-        return bytes(value).decode() if value.dtype == np.uint8 else value.tolist()[0]

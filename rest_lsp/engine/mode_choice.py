@@ -18,7 +18,9 @@ the same. Timings that disagree between rounds (busy cores) decide this load but
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import math
 import logging
 import statistics
 import time
@@ -28,6 +30,7 @@ from pathlib import Path
 import torch
 
 from rest_lsp.engine import calibration
+from rest_lsp.engine.cache_dir import content_digest, read_bytes
 from rest_lsp.engine.calibration import NOISE_LIMIT, machine_name
 from rest_lsp.engine.runmode import GGUF_WEIGHTS, RunMode
 
@@ -70,10 +73,9 @@ def candidates(rule: RunMode, gguf: bool) -> list[str]:
 
 
 def choice_key(path: str | Path, device: torch.device, names: list[str]) -> dict:
-    """Which machine, file (path, size, modification time) and candidates a choice belongs to."""
-    st = Path(path).stat()
+    """Which machine, file (the sha256 of its bytes: cache_dir.content_digest) and candidates a choice belongs to."""
     return {"method": METHOD, "machine": machine_name(device), "torch": torch.__version__,
-            "file": f"{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}", "candidates": names}
+            "file": content_digest(path), "candidates": names}
 
 
 def cache_file(cache_dir: Path, key: dict) -> Path:
@@ -81,18 +83,37 @@ def cache_file(cache_dir: Path, key: dict) -> Path:
 
 
 def read_cached(path: Path, key: dict) -> Choice | None:
-    """The kept choice for `key`; None when absent, unreadable, another key's or naming no candidate."""
+    """The kept choice for `key`; None when absent, and (one warning) when unreadable, not this user's alone,
+    another key's, naming no candidate, or holding a timing that is not a positive number of milliseconds."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("key") != key or data.get("mode") not in key["candidates"]:
+        data = json.loads(read_bytes(path))
+        if not isinstance(data, dict) or data.get("key") != key or data.get("mode") not in key["candidates"]:
             raise ValueError("another machine, file or candidate list")
-        timings = {name: Timing(**t) for name, t in data["timings"].items()}
+        timings = _timings(data.get("timings"))
+        if data["mode"] not in timings:
+            raise ValueError(f"no timing of the chosen mode {data['mode']}")
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
-        log.info("Mode choice %s is not usable (%s); measuring again.", path, err)
+    except (OSError, ValueError) as err:
+        log.warning("Mode choice %s is not used (%s); measuring again.", path, err)
         return None
     return Choice(data["mode"], timings, "cache")
+
+
+def _timings(raw) -> dict[str, Timing]:
+    """The timings of a kept choice, each field a finite positive number; ValueError otherwise."""
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError("no timings")
+    timings = {}
+    for name, t in raw.items():
+        fields = [f.name for f in dataclasses.fields(Timing)]
+        if not isinstance(t, dict) or sorted(t) != sorted(fields):
+            raise ValueError(f"the timing of {name} is not {', '.join(fields)}")
+        for value in t.values():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"the timing of {name} holds {value!r}, not a positive number of milliseconds")
+        timings[str(name)] = Timing(**{k: float(v) for k, v in t.items()})
+    return timings
 
 
 def write_cached(path: Path, key: dict, choice: Choice) -> None:

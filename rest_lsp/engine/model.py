@@ -1,8 +1,9 @@
 """Load a causal LM and its tokenizer: a hub id, a local folder or a .gguf file.
 
 Nothing here ever touches the network: a hub id works only when it is already in the local Hugging Face cache.
-A .gguf file is dequantized once (slow) and the result is kept under the user's cache folder, so later loads
-read plain safetensors.
+A .gguf file is checked first (its header against its tensors and size: gguf_check), dequantized once (slow), and
+the result kept under the user's cache folder, named by the file's content (cache_dir), so later loads read plain
+safetensors. A weight the file does not hold is refused, never initialized at random.
 """
 
 from __future__ import annotations
@@ -19,18 +20,20 @@ from typing import Sequence
 
 import torch
 
-from rest_lsp.engine import gguf_blocks, mode_choice, saved_tokenizer
+from rest_lsp.engine import cache_dir, gguf_blocks, gguf_check, gguf_header, mode_choice, saved_tokenizer
 from rest_lsp.errors import ModelLoadError
 from rest_lsp.engine.model_source import DEFAULT_GGUF_NAME, DEFAULT_MODEL, cache_root
 from rest_lsp.engine.model_source import gguf_cache_dir as _gguf_cache_dir
 from rest_lsp.engine.model_source import hub_snapshot
 from rest_lsp.engine.model_source import resolve as _resolve
-from rest_lsp.engine.runmode import DTYPE_ENV, decide, mode_name
+from rest_lsp.engine.runmode import DTYPE_ENV, GGUF_WEIGHTS, decide, mode_name
 
 __all__ = ["DEFAULT_GGUF_NAME", "DEFAULT_MODEL", "LoadedModel", "ModelLoadError", "Tokenizer", "cache_root",
            "load_model", "load_tokenizer"]
 
 log = logging.getLogger(__name__)
+
+SOURCE_FILE = "rest-lsp-source.txt"  # in a kept conversion: the path of the .gguf it was made from
 
 
 @dataclass
@@ -110,29 +113,87 @@ def _from_pretrained(folder: str, gguf_file: str | None, dtype: torch.dtype):
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     tok = AutoTokenizer.from_pretrained(folder, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+    # a tensor of another shape than the config's is reported here (not raised), then refused below
+    model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, output_loading_info=True,
+                                                       ignore_mismatched_sizes=True, **kwargs)
+    if mismatched := sorted(info.get("mismatched_keys") or ()):
+        key, found, wanted = (list(mismatched[0]) + [None, None])[:3]
+        raise ModelLoadError(
+            f"Model '{gguf_file or folder}' holds {len(mismatched)} weight tensor{'s' * (len(mismatched) > 1)} of "
+            f"another shape than its config describes (first: {key}, {list(found or ())} where "
+            f"{list(wanted or ())} is needed); the file is damaged."
+        )
+    if missing := gguf_check.missing_weights(info):
+        # transformers initialized these at random: the model would write text from random numbers
+        raise ModelLoadError(
+            f"Model '{gguf_file or folder}' lacks {len(missing)} weight tensor{'s' * (len(missing) > 1)} "
+            f"(first: {missing[0]}); the file is truncated or damaged, or made for another architecture."
+        )
     return model, tok
 
 
-def _load_gguf_cached(folder: str, gguf_file: str, dtype: torch.dtype):
-    cached = _gguf_cache_dir(folder, gguf_file)
-    if (cached / "config.json").is_file():
+def check_gguf(path: str | Path) -> None:
+    """ModelLoadError (one sentence) unless the .gguf at `path` is a GGUF file whose header, tensor table and
+    tokenizer fit each other and the file's size (gguf_check), read without building anything."""
+    try:
+        gguf_check.check(gguf_header.read(path))
+    except gguf_header.BadGguf as err:
+        raise ModelLoadError(f"Could not load model: {err}") from None
+    except OSError as err:
+        raise ModelLoadError(f"Could not read model file '{path}' ({err.strerror or err}).") from None
+
+
+def _conversion_dir(folder: str, gguf_file: str) -> Path | None:
+    """Where this .gguf's conversion is kept; None when the models cache folder is not this user's alone."""
+    models = cache_dir.folder("models")
+    return None if models is None else models / _gguf_cache_dir(folder, gguf_file).name
+
+
+def _read_conversion(cached: Path, dtype: torch.dtype):
+    """(model, tokenizer) from the kept conversion `cached`, or (None, why it is not used) where it is missing
+    (why: None), damaged, unreadable or not this user's alone."""
+    try:
+        problem = cache_dir.private_entry(cached)
+        if problem is None and not (cached / "config.json").is_file():
+            problem = "incomplete: no config.json"
+    except FileNotFoundError:
+        return None, None
+    except OSError as err:
+        problem = err.strerror or str(err)
+    if problem is None:
         try:
-            return _from_pretrained(str(cached), None, dtype)
+            loaded = _from_pretrained(str(cached), None, dtype)
+            cache_dir.touch(cached)
+            return loaded, None
         except Exception as err:  # a damaged cache is rebuilt, never fatal
-            log.warning("Cached conversion %s is unusable (%s); converting the .gguf again.", cached, err)
-    # a folder without config.json is a damaged conversion too; os.replace cannot write over it
-    shutil.rmtree(cached, ignore_errors=True)
+            problem = f"unusable: {str(err).strip()[:200] or type(err).__name__}"
+    return None, problem
+
+
+def _load_gguf_cached(folder: str, gguf_file: str, dtype: torch.dtype):
+    cached = _conversion_dir(folder, gguf_file)
+    keep = cached is not None
+    if cached is not None:
+        loaded, problem = _read_conversion(cached, dtype)
+        if loaded is not None:
+            return loaded
+        if problem is not None:
+            shutil.rmtree(cached, ignore_errors=True)  # os.replace cannot write over a folder
+            keep = not os.path.lexists(cached)
+            log.warning("The cached conversion %s is not used (%s); converting the .gguf again%s.", cached, problem,
+                        "" if keep else " without keeping it (it cannot be removed)")
     model, tok = _from_pretrained(folder, gguf_file, torch.float32)
-    _keep_conversion(model, tok, cached)
+    if keep:
+        _keep_conversion(model, tok, cached, Path(folder) / gguf_file)
     return model.to(dtype), tok
 
 
-def _keep_conversion(model, tok, cached: Path) -> None:
-    """Save the dequantized model into `cached`, all or nothing; a failure only costs the next load a conversion."""
+def _keep_conversion(model, tok, cached: Path, source: Path) -> None:
+    """Save the dequantized model of the .gguf `source` into `cached`, all or nothing; a failure only costs the next
+    load a conversion. The conversions of earlier versions of that path go, and the least recently used ones beyond
+    cache_dir.MODELS_BYTES."""
     tmp = None
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
         # The weights are already dequantized to fp32; only the gguf marker forbids saving them.
         model.hf_quantizer = None
@@ -140,13 +201,30 @@ def _keep_conversion(model, tok, cached: Path) -> None:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        (tmp / SOURCE_FILE).write_text(str(source.resolve()), encoding="utf-8")
         os.replace(tmp, cached)  # atomic: a reader sees the whole folder or none
         tmp = None
+        _forget_older_conversions(cached, source)
+        cache_dir.prune(cached.parent, current=cached, max_bytes=cache_dir.MODELS_BYTES)
     except Exception as err:  # save_pretrained raises more than OSError (ValueError, RuntimeError, ...)
         log.warning("Could not keep the converted model in %s (%s); the next load converts again.", cached, err)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _forget_older_conversions(cached: Path, source: Path) -> None:
+    """Removes the other conversions made from the path `source` (its earlier versions: the file was replaced)."""
+    name = str(source.resolve())
+    for other in cached.parent.iterdir():
+        if other == cached or not cache_dir.ENTRY_NAMES["models"].fullmatch(other.name):
+            continue
+        try:
+            if (other / SOURCE_FILE).read_text(encoding="utf-8") != name:
+                continue
+        except (OSError, UnicodeDecodeError):
+            continue
+        cache_dir.remove(other)
 
 
 def _local(folder: str, gguf_file: str | None) -> tuple[str, str | None]:
@@ -188,6 +266,8 @@ def _load(spec: str | None, dtype: torch.dtype):
 
 def load_tokenizer(spec: str | None = None) -> Tokenizer:
     folder, gguf_file = _local(*_resolve(spec))
+    if gguf_file:
+        check_gguf(Path(folder) / gguf_file)
     try:
         with _quiet():
             from transformers import AutoTokenizer
@@ -205,18 +285,24 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
 
 
 def _gguf_tokenizer(folder: str, gguf_file: str):
-    """The tokenizer of a .gguf: from its conversion cache, else (missing or damaged there) from the file itself,
-    putting it back into the cache."""
+    """The tokenizer of a .gguf: from its conversion cache, else (missing, damaged or not this user's there) from
+    the file itself, putting it back into a conversion whose tokenizer alone was damaged."""
     from transformers import AutoTokenizer
 
-    cached = _gguf_cache_dir(folder, gguf_file)
-    if (cached / "tokenizer_config.json").is_file():
+    cached = _conversion_dir(folder, gguf_file)
+    try:
+        usable = cached is not None and cache_dir.private_entry(cached) is None
+        repair = usable and (cached / "config.json").is_file()
+        usable = repair and (cached / "tokenizer_config.json").is_file()
+    except OSError:
+        usable = repair = False
+    if usable:
         try:
             return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
         except Exception as err:
             log.warning("Cached tokenizer in %s is unusable (%s); reading it from the .gguf again.", cached, err)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
-    if (cached / "config.json").is_file():  # a conversion whose tokenizer alone was damaged: repair it
+    if repair:  # a conversion whose tokenizer alone was damaged: repair it
         try:
             tok.save_pretrained(cached)
         except Exception as err:
@@ -226,6 +312,8 @@ def _gguf_tokenizer(folder: str, gguf_file: str):
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     folder, gguf_file = _resolve(spec)
+    if gguf_file:  # before anything is built from what its header claims
+        check_gguf(Path(folder) / gguf_file)
     mode = decide(device, dtype, gguf=gguf_file is not None)
     for note in mode.notes:
         log.warning(note)
@@ -247,10 +335,28 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         model, mode, choice = _measure_modes(model, mode, names, key)
     if choice is not None:
         log.info("Mode %s", mode_choice.describe(choice))
+    notes = list(mode.notes)
+    if (note := _lean_refusal(model, mode)) is not None:
+        log.warning(note)
+        notes.append(note)
     saved_tokenizer.keep(spec, tok)
     tokenizer = Tokenizer(tok)
     return LoadedModel(model=model, tokenizer=tokenizer, device=mode.device, dtype=mode.dtype,
-                       name=spec or DEFAULT_MODEL, notes=list(mode.notes), packing=mode.packing)
+                       name=spec or DEFAULT_MODEL, notes=notes, packing=mode.packing)
+
+
+def _lean_refusal(model, mode) -> str | None:
+    """The sentence for a mode that only the lean engine runs (`--dtype gguf`) asked for a model it does not run;
+    None otherwise."""
+    if mode.packing != GGUF_WEIGHTS:
+        return None
+    from rest_lsp.engine.lean_llama import unsupported
+
+    why = unsupported(model)
+    if why is None:
+        return None
+    return (f"--dtype gguf runs a .gguf's own blocks on rest-lsp's lean engine, which does not run this model "
+            f"({why}); it runs in float32 on transformers' path instead.")
 
 
 def _measure_modes(model, rule, names: list[str], key: dict):

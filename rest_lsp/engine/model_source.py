@@ -5,11 +5,14 @@ Torch-free and transformers-free, so that commands that need only tokens can fin
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import os
+import stat
 from pathlib import Path
 
+from rest_lsp.engine.cache_dir import cache_root, content_digest
 from rest_lsp.errors import ModelLoadError
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,14 +29,6 @@ def _default_model() -> str:
 DEFAULT_MODEL = _default_model()
 
 
-def cache_root() -> Path:
-    if env := os.environ.get("REST_LSP_CACHE_DIR"):
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("rest-lsp"))
-
-
 def resolve(spec: str | None) -> tuple[str, str | None]:
     """(folder or hub id, gguf file name or None)."""
     spec = spec or DEFAULT_MODEL
@@ -44,8 +39,8 @@ def resolve(spec: str | None) -> tuple[str, str | None]:
         )
     path = Path(spec).expanduser()
     if path.suffix.lower() == ".gguf":
-        if not path.is_file():
-            raise ModelLoadError(f"Model file '{spec}' does not exist; pass --model with a local folder or .gguf file.")
+        if (problem := _not_a_file(path)) is not None:
+            raise ModelLoadError(f"Model file '{spec}' {problem}; pass --model with a local folder or .gguf file.")
         return str(path.parent), path.name
     if path.is_dir():
         return str(path), None
@@ -55,6 +50,27 @@ def resolve(spec: str | None) -> tuple[str, str | None]:
             "(config.json and weights) or a .gguf file."
         )
     return spec, None
+
+
+def _not_a_file(path: Path) -> str | None:
+    """What the --model path `path` is when it is not a file rest-lsp can read (None: it is one)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"is a symbolic link to '{os.readlink(path)}', which does not exist"
+        return "does not exist"
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link that leads back to itself (a loop)"
+        return f"cannot be reached ({err.strerror or err})"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder, not a .gguf file (a model folder needs a name without the .gguf suffix)"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied)"
+    return None
 
 
 def hub_snapshot(repo_id: str) -> str | None:
@@ -70,6 +86,14 @@ def hub_snapshot(repo_id: str) -> str | None:
 
 
 def gguf_cache_dir(folder: str, gguf_file: str) -> Path:
-    st = (Path(folder) / gguf_file).stat()
-    tag = hashlib.sha256(f"{Path(folder).resolve()}/{gguf_file}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_root() / "models" / f"{Path(gguf_file).stem}-{tag}"
+    """Where the conversion of this .gguf is kept: named by the file's content (cache_dir.content_digest) and the
+    transformers version that dequantizes it, not by its path or times."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        version = "none"
+    digest = content_digest(Path(folder) / gguf_file)
+    tag = hashlib.sha256(f"{digest}:transformers={version}".encode()).hexdigest()[:16]
+    return cache_root() / "models" / f"{Path(gguf_file).stem[:60]}-{tag}"

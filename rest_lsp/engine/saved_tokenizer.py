@@ -12,13 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
+from rest_lsp.engine import cache_dir
 from rest_lsp.engine.model_source import cache_root, resolve
 
 log = logging.getLogger(__name__)
@@ -64,13 +63,15 @@ def load(spec: str | None) -> SavedTokenizer | None:
     """The saved tokenizer of the model `spec` names, or None when transformers has not loaded it here since its
     files last changed. A bad `spec` raises ModelLoadError, with the sentence the full loader would give."""
     path = saved_path(*resolve(spec))
-    if path is None or not path.is_file():
+    if path is None:
         return None
     try:
-        saved = json.loads(path.read_text("utf-8"))
-        if saved.get("format") != FORMAT:
+        saved = json.loads(cache_dir.read_bytes(path))  # only a file of this user's alone
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             return None
         return SavedTokenizer(saved["tokenizer"], bool(saved["split_special_tokens"]))
+    except FileNotFoundError:
+        return None
     except Exception as err:  # noqa: BLE001 - a damaged file only costs the slow path, which writes it again
         log.info("Saved tokenizer %s is unusable (%s); loading the tokenizer with transformers.", path, err)
         return None
@@ -86,21 +87,18 @@ def keep(spec: str | None, hf) -> None:
         return
     try:
         path = saved_path(*resolve(spec))
-        if path is None:
+        if path is None or cache_dir.folder(path.parent.name) is None:  # no cache of this user's alone: said once
             return
         text = json.dumps({"format": FORMAT, "split_special_tokens": bool(getattr(hf, "split_special_tokens", False)),
-                           "tokenizer": backend.to_str()})
-        if path.is_file() and path.read_text("utf-8") == text:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+                           "tokenizer": backend.to_str()}).encode("utf-8")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
-        except BaseException:
-            os.unlink(tmp)
-            raise
+            if cache_dir.read_bytes(path) == text:
+                cache_dir.touch(path)
+                return
+        except OSError:
+            pass
+        cache_dir.write_bytes(path, text)  # atomic: a reader sees the old file or the whole new one
+        cache_dir.prune(path.parent, cache_dir.KEPT["tokenizers"], path)  # the least recently used beyond the cap
     except Exception as err:  # noqa: BLE001 - see the docstring
         log.warning("Could not save the tokenizer for quick loading (%s); `rest-lsp index` stays slow.", err)
 
@@ -119,10 +117,8 @@ def saved_path(folder: str, gguf_file: str | None) -> Path | None:
 
 def _source_signature(folder: str, gguf_file: str | None) -> tuple[str, str] | None:
     """(a readable name, a string that changes whenever the files the tokenizer is built from change)."""
-    if gguf_file:
-        path = Path(folder).resolve() / gguf_file
-        st = path.stat()
-        return Path(gguf_file).stem, f"gguf:{path}:{st.st_size}:{st.st_mtime_ns}"
+    if gguf_file:  # by what the file holds, not its path or times (cache_dir.content_digest)
+        return Path(gguf_file).stem, f"gguf:{cache_dir.content_digest(Path(folder) / gguf_file)}"
     root = Path(folder)
     if root.is_dir():
         root = root.resolve()

@@ -114,6 +114,24 @@ def test_a_corrupt_or_foreign_cache_is_measured_again_with_one_log_line(decoder,
     assert saved["key"] == key and {int(k) for k in saved["ms"]} == {1, 2, 4, 8}
 
 
+@pytest.mark.parametrize("how", ["file", "folder", "link"])
+def test_a_cache_file_another_user_could_write_is_not_trusted(decoder, tmp_path, caplog, how):
+    """A curve decides tree sizes: one from a file or folder others may write, or behind a link, is measured again."""
+    key, path = _key_path(decoder, tmp_path)
+    path.parent.mkdir(parents=True)
+    good = json.dumps({"key": key, "ms": {"1": 3.0, "2": 4.0, "4": 5.0, "8": 6.0}}).encode()
+    if how == "link":
+        (tmp_path / "elsewhere.json").write_bytes(good)
+        path.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        path.write_bytes(good)
+        (path if how == "file" else path.parent).chmod(0o777 if how == "folder" else 0o666)
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.calibration"):
+        found = decoder.calibrate(tmp_path, **QUICK)
+    assert found.source == "measured"
+    assert "is unreadable" in caplog.records[0].getMessage()
+
+
 def test_a_missing_cache_is_measured_without_a_warning(decoder, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.calibration"):
         assert decoder.calibrate(tmp_path, **QUICK).source == "measured"

@@ -227,6 +227,52 @@ def test_a_model_that_is_not_a_gguf_is_refused(tmp_path):
         LeanLlama(tiny_model("qwen2").model, 64, pack="gguf")
 
 
+def test_dtype_gguf_on_a_model_the_lean_engine_does_not_run_says_so(tmp_path, caplog):
+    """A Qwen3 .gguf (q and k norms: not a model the lean engine runs) asked for in the gguf mode runs float32 on
+    transformers' path, and one sentence says so."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+
+    from rest_lsp.engine.model import load_model
+
+    needs_kernel()
+    path, rng = tmp_path / "tiny-qwen3.gguf", np.random.default_rng(0)
+    w = GGUFWriter(str(path), "qwen3")
+    hidden, ffn, heads, kv, hd, vocab = 64, 128, 4, 2, 128, 97  # transformers' Qwen3 head width: 128
+    for add, value in ((w.add_block_count, 1), (w.add_context_length, 256), (w.add_embedding_length, hidden),
+                       (w.add_feed_forward_length, ffn), (w.add_head_count, heads), (w.add_head_count_kv, kv),
+                       (w.add_layer_norm_rms_eps, 1e-6)):
+        add(value)
+    tokens = [chr(33 + i) for i in range(vocab - 3)] + ["ab", "cd", "ef"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * vocab)
+    w.add_token_merges(["a b", "c d", "e f"])
+    w.add_eos_token_id(0)
+    shapes = {"token_embd": (vocab, hidden), "output_norm": (hidden,), "output": (vocab, hidden),
+              "blk.0.attn_norm": (hidden,), "blk.0.ffn_norm": (hidden,), "blk.0.attn_q": (heads * hd, hidden),
+              "blk.0.attn_k": (kv * hd, hidden), "blk.0.attn_v": (kv * hd, hidden),
+              "blk.0.attn_output": (hidden, heads * hd), "blk.0.attn_q_norm": (hd,), "blk.0.attn_k_norm": (hd,),
+              "blk.0.ffn_gate": (ffn, hidden), "blk.0.ffn_up": (ffn, hidden), "blk.0.ffn_down": (hidden, ffn)}
+    for name, shape in shapes.items():
+        a = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        if len(shape) == 2:
+            w.add_tensor(f"{name}.weight", quantize(a, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(f"{name}.weight", np.ones(shape, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with caplog.at_level(logging.WARNING):
+        loaded = load_model(str(path), "cpu", "gguf")
+    said = [r.getMessage() for r in caplog.records if "lean engine" in r.getMessage()]
+    assert len(said) == 1 and "does not run this model (model type 'qwen3')" in said[0]
+    assert "float32 on transformers' path" in said[0] and said[0] in loaded.notes
+    assert Decoder(loaded).mode == "float32"
+
+
 def test_dtype_gguf_is_a_mode_of_its_own_named_gguf(monkeypatch):
     """The run mode, its name and cost row; on a machine without the kernel, fp32 with a sentence that says so."""
     from rest_lsp.settings import Settings

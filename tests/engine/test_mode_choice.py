@@ -4,6 +4,7 @@ and file; an asked-for dtype, REST_LSP_DTYPE or a model folder never times anyth
 
 import json
 import logging
+import os
 
 import pytest
 import torch
@@ -103,9 +104,51 @@ def test_a_damaged_or_foreign_choice_is_measured_again(tiny, monkeypatch):
 def test_a_changed_file_is_measured_again(tiny, monkeypatch):
     timed = Timed(monkeypatch, {rule(): 20.0, "gguf": 10.0})
     load_model(str(tiny), "cpu")
-    write_gguf(tiny, "qwen2", True)  # rewritten: another modification time
+    write_gguf(tiny, "qwen2", False)  # rewritten as another model
     load_model(str(tiny), "cpu")
     assert len(timed.calls) == 4 and len(kept_files()) == 2
+
+
+def test_a_choice_follows_the_files_bytes_not_its_path_size_and_time(tiny, tmp_path, monkeypatch):
+    """Touched (same bytes): the kept choice holds. Replaced by another file of the same size with the modification
+    time kept (cp -p, rsync -a, tar): another model, measured again."""
+    timed = Timed(monkeypatch, {rule(): 20.0, "gguf": 10.0})
+    load_model(str(tiny), "cpu")
+    os.utime(tiny, (1e9, 1e9))
+    load_model(str(tiny), "cpu")
+    assert len(timed.calls) == 2
+    other = bytearray(tiny.read_bytes())
+    other[-1] ^= 1  # one bit of the last tensor
+    st = tiny.stat()
+    tiny.write_bytes(bytes(other))
+    os.utime(tiny, ns=(st.st_atime_ns, st.st_mtime_ns))
+    load_model(str(tiny), "cpu")
+    assert len(timed.calls) == 4 and len(kept_files()) == 2
+
+
+@pytest.mark.parametrize("bad", [None, "fast", -1.0, float("inf"), True, [1.0]])
+def test_a_kept_choice_with_a_bad_timing_is_measured_again_with_one_warning(tiny, monkeypatch, caplog, bad):
+    timed = Timed(monkeypatch, {rule(): 20.0, "gguf": 10.0})
+    load_model(str(tiny), "cpu")
+    (kept,) = kept_files()
+    data = json.loads(kept.read_text())
+    data["timings"]["gguf"]["step_ms"] = bad
+    kept.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.mode_choice"):
+        assert load_model(str(tiny), "cpu").mode == "gguf"
+    assert len(timed.calls) == 4
+    assert len([r for r in caplog.records if "is not used" in r.getMessage()]) == 1
+    assert json.loads(kept.read_text())["timings"]["gguf"]["step_ms"] == 10.0  # measured and kept again
+
+
+def test_a_choice_another_user_could_write_is_not_used(tiny, monkeypatch, caplog):
+    timed = Timed(monkeypatch, {rule(): 20.0, "gguf": 10.0})
+    load_model(str(tiny), "cpu")
+    (kept,) = kept_files()
+    kept.chmod(0o666)  # anyone may have written it
+    with caplog.at_level(logging.WARNING, logger="rest_lsp.engine.mode_choice"):
+        load_model(str(tiny), "cpu")
+    assert len(timed.calls) == 4 and "writable by group or others" in caplog.text
 
 
 def test_each_candidate_is_timed_on_the_model_itself(tiny):
