@@ -27,7 +27,7 @@ FORCED_DTYPE = os.environ.pop("REST_LSP_DTYPE", None)
 
 # Folders under the rest-lsp cache that cost much to fill and hold nothing a test's outcome depends on: converted
 # .gguf models. They are kept across sessions in pytest's cache folder and moved into this session's cache folder for
-# its length (a cache folder may not be a link: engine/cache_dir.py); everything else the code writes under its cache
+# its length (a cache folder may not be a link: rest_lsp/cache_dir.py); everything else the code writes under its cache
 # root (acceptance tables, step-cost curves, indexes, tokenizers, the compiled panel kernel) goes to a folder of this
 # session's own, never the user's real cache. A second session running at once starts without them.
 KEPT_CACHE_FOLDERS = ("models",)

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rest_lsp"
 # (layer name, its modules or subpackages), lowest first. A module of one layer may import its own layer's
 # modules and those of the layers listed before it, never one listed after it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("shared", ("rest_lsp", "rest_lsp.errors", "rest_lsp.priority", "rest_lsp.auth")),
+    ("shared", ("rest_lsp", "rest_lsp.errors", "rest_lsp.priority", "rest_lsp.auth", "rest_lsp.cache_dir")),
     ("datastore", ("rest_lsp.datastore",)),
     ("drafting", ("rest_lsp.drafting",)),
     ("kernels", ("rest_lsp.kernels",)),

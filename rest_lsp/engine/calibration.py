@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from rest_lsp.drafting.draft_tree import DraftTree, build_tree
-from rest_lsp.engine.cache_dir import read_bytes, write_bytes
+from rest_lsp.cache_dir import read_bytes, write_bytes
 from rest_lsp.engine.runmode import cost_curve, cpuinfo_field
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from rest_lsp.engine import calibration
-from rest_lsp.engine.cache_dir import content_digest, read_bytes
+from rest_lsp.cache_dir import content_digest, read_bytes
 from rest_lsp.engine.calibration import NOISE_LIMIT, machine_name
 from rest_lsp.engine.runmode import GGUF_WEIGHTS, RunMode
 

@@ -20,7 +20,8 @@ from typing import Sequence
 
 import torch
 
-from rest_lsp.engine import cache_dir, gguf_blocks, gguf_check, gguf_header, mode_choice, saved_tokenizer
+from rest_lsp import cache_dir
+from rest_lsp.engine import gguf_blocks, gguf_check, gguf_header, mode_choice, saved_tokenizer
 from rest_lsp.errors import ModelLoadError
 from rest_lsp.engine.model_source import DEFAULT_GGUF_NAME, DEFAULT_MODEL, cache_root
 from rest_lsp.engine.model_source import gguf_cache_dir as _gguf_cache_dir

@@ -12,7 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from rest_lsp.engine.cache_dir import cache_root, content_digest
+from rest_lsp.cache_dir import cache_root, content_digest
 from rest_lsp.errors import ModelLoadError
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
-from rest_lsp.engine import cache_dir
+from rest_lsp import cache_dir
 from rest_lsp.engine.model_source import cache_root, resolve
 
 log = logging.getLogger(__name__)

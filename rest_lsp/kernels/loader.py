@@ -33,6 +33,8 @@ from typing import Callable
 
 import torch
 
+from rest_lsp import cache_dir
+from rest_lsp.cache_dir import UntrustedCache, cache_root, not_private
 from rest_lsp.kernels import levels
 
 log = logging.getLogger(__name__)
@@ -44,15 +46,6 @@ OPENMP = ("-fopenmp",)  # tried first; the key covers it, so a library built wit
 
 def sanitizing() -> bool:
     return os.environ.get(SANITIZE_ENV, "").strip() not in ("", "0")
-
-
-def cache_root() -> Path:
-    """The user's rest-lsp cache folder (`REST_LSP_CACHE_DIR`, else the platform's)."""
-    if env := os.environ.get("REST_LSP_CACHE_DIR"):
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("rest-lsp"))
 
 
 def kernel_folder() -> Path:
@@ -70,10 +63,6 @@ def _run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProces
     return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=300, cwd=cwd)
 
 
-class UntrustedCache(OSError):
-    """The kernel cache folder could be changed by another user: nothing in it is loaded, nothing built there."""
-
-
 def _key(flags: tuple[str, ...], version: str, source: str, libs: tuple[str, ...] = ()) -> str:
     """What a library depends on: its source, every flag (the level's, OpenMP's and the sanitizer's included), the
     libraries it links and the compiler's version. Not the CPU: a level's flags name the instructions it uses."""
@@ -81,48 +70,17 @@ def _key(flags: tuple[str, ...], version: str, source: str, libs: tuple[str, ...
     return hashlib.sha256("\0".join(parts + ([" ".join(libs)] if libs else [])).encode()).hexdigest()[:16]
 
 
-def _not_private(st: os.stat_result) -> str | None:
-    """Why a file or folder with this stat may hold another user's code (None when only this user can write it)."""
-    if not hasattr(os, "getuid"):  # no POSIX owners here
-        return None
-    if st.st_uid != os.getuid():
-        return f"owned by uid {st.st_uid}, not {os.getuid()}"
-    if st.st_mode & 0o022:
-        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
 def _private_folder(folder: Path) -> None:
-    """Makes `folder` (mode 700) where it is missing; UntrustedCache unless it is a folder of this user that no
-    one else may write, in a parent no one else may swap it in."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    """Makes `folder` (mode 700) where it is missing; UntrustedCache (naming it) unless it is this user's alone, in
+    a parent no one else may swap it in: rest_lsp/cache_dir.py's rule for every cache folder."""
     try:
-        folder.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(folder)
-    problem = "a link or a file, not a folder" if not stat.S_ISDIR(st.st_mode) else _not_private(st)
-    if problem is None and hasattr(os, "getuid"):
-        up = os.stat(folder.parent)
-        if up.st_uid not in (os.getuid(), 0) or (up.st_mode & 0o002 and not up.st_mode & stat.S_ISVTX):
-            problem = f"in a folder other users can change (uid {up.st_uid}, mode {stat.S_IMODE(up.st_mode):o})"
-    if problem is not None:
-        raise UntrustedCache(f"{folder} is {problem}")
+        cache_dir.private_folder(folder)
+    except UntrustedCache as err:
+        raise UntrustedCache(f"{folder} {str(err).removeprefix('it ')}") from None
 
 
 def _record_of(target: Path) -> Path:
     return target.with_name(target.name + ".sha256")
-
-
-def _read_private(path: Path) -> bytes:
-    """The bytes of `path`, opened without following a link; OSError if another user may have written them."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        problem = "not a regular file" if not stat.S_ISREG(st.st_mode) else _not_private(st)
-        if problem is not None:
-            raise OSError(problem)
-        return f.read()
 
 
 def _load_verified(target: Path) -> ctypes.CDLL | None:
@@ -139,12 +97,12 @@ def _load_verified(target: Path) -> ctypes.CDLL | None:
         return None
     try:
         st = os.fstat(fd)
-        problem = "not a regular file" if not stat.S_ISREG(st.st_mode) else _not_private(st)
+        problem = "not a regular file" if not stat.S_ISREG(st.st_mode) else not_private(st)
         if problem is None:
             with open(fd, "rb", closefd=False) as f:
                 digest = hashlib.sha256(f.read()).hexdigest()
             try:
-                recorded = _read_private(_record_of(target)).decode("ascii", "replace").strip()
+                recorded = cache_dir.read_bytes(_record_of(target)).decode("ascii", "replace").strip()
             except OSError as err:
                 recorded, problem = "", f"its sha256 record: {err.strerror or err}"
             if problem is None and not hmac.compare_digest(digest, recorded):

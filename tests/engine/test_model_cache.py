@@ -163,7 +163,7 @@ def test_a_file_keeps_one_conversion_touched_or_replaced(tmp_path, model_module)
 
 
 def test_the_conversions_are_capped_and_only_rest_lsps_own_entries_go(tmp_path, model_module, monkeypatch):
-    from rest_lsp.engine import cache_dir
+    from rest_lsp import cache_dir
 
     first = write_gguf(tmp_path / "m0.gguf", seed=10)
     load_model(str(first), "cpu", "float32")
@@ -236,7 +236,7 @@ def test_a_cache_folder_others_may_write_is_not_used_at_all(tmp_path, model_modu
 
 
 def test_a_files_digest_is_hashed_once_and_again_when_the_file_changes(tmp_path, model_module, monkeypatch):
-    from rest_lsp.engine import cache_dir
+    from rest_lsp import cache_dir
 
     path = write_gguf(tmp_path / "model.gguf", seed=0)
     hashed = []

@@ -3,8 +3,8 @@ entries named by what a model file holds, and caps on how many entries a folder 
 
 A conversion, a tokenizer or a timing read from the cache decides what the model says or how it runs, so one that
 another local user could have put there is never used: a folder (the cache root and each folder in it) must belong
-to this user and be writable by no one else, in a parent no one else may swap it in (the rule panel_matmul applies
-to the kernels folder), and a file must be a regular file of this user's that no one else may write. A cache that
+to this user and be writable by no one else, in a parent no one else may swap it in (the kernels folder too,
+kernels/loader.py), and a file must be a regular file of this user's that no one else may write. A cache that
 fails the rule is not used at all (one warning): loads then work without it.
 
 A model file is known by the sha256 of its bytes, not by its path, size and modification time (a file replaced by
