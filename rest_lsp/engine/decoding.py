@@ -27,6 +27,7 @@ from rest_lsp.drafting.drafts import DraftSource, Proposal, propose
 from rest_lsp.engine.lean_llama import KVCache, LeanLlama, unsupported
 from rest_lsp.engine.model import LoadedModel, ModelLoadError, cache_root
 from rest_lsp.engine.runmode import run_mode
+from rest_lsp.engine import step_cost
 from rest_lsp.engine.step_cost import StepCosts, seed_from_two
 
 log = logging.getLogger(__name__)
@@ -352,7 +353,8 @@ class Decoder:
                           **measure_kw)
         if found is not None:
             self.run, self.calibration = self.run.measured(found.curve), found
-            self.costs.seed(found.curve, "measured")
+            # timings from busy cores (not kept) are a seed the first steps outvote
+            self.costs.seed(found.curve, "measured", None if found.path is not None else step_cost.GUESSED_WEIGHT)
         elif self.device.type == "cpu" and (two := _mode_choice_steps(self.name, self.device, self.mode,
                                                                       cache_root() if cache_dir is None else cache_dir)):
             self.costs.seed(seed_from_two(two[0], mode_choice.TREE, two[1]), "mode choice")

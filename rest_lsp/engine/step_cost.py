@@ -193,6 +193,12 @@ class StepCosts:
         anchors = self._anchors(self._corrections())
         return {k: (len(self._windows[i]), anchors[k]) for i, k in enumerate(KNOTS) if self._windows[i]}
 
+    def describe(self) -> dict:
+        """JSON for a stats reply: the seed's source, the probes run, and per bucket seen (by its largest row count)
+        the steps in its window and the learned cost ratio at it."""
+        return {"seed": self.source, "growth_probes": self.probes, "reference_steps": self.references,
+                "learned": {str(k): [n, round(r, 3)] for k, (n, r) in self.seen().items()}}
+
     # -- choosing ----------------------------------------------------------------------------------------------------
     def choose(self, tree: DraftTree) -> DraftTree:
         """The tree cut to what pays on the learned curve; the root alone when a plain step is due as the
