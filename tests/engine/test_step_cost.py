@@ -148,8 +148,9 @@ def test_the_decoder_sizes_trees_by_the_steps_it_ran(cost, few_steps):
     truth = decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=120, budget=0)).tokens
     decoder = Decoder(loaded)
     FakeClock(decoder, cost)
-    decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=60, budget=8))  # learns
-    decoder.reset()
+    for _ in range(20):  # learns (sure drafts run a while before a plain reference step: step_cost.REFERENCE_EVERY)
+        decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=60, budget=8))
+        decoder.reset()
     result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=120, budget=8))
     assert result.tokens == truth
     assert (result.tokens_per_step > 3) == few_steps, result.tokens_per_step
@@ -170,3 +171,15 @@ def test_the_mode_choices_steps_seed_the_curve_when_nothing_else_was_measured(tm
     assert decoder.calibrate(tmp_path, measure=False) is None
     assert decoder.costs.source == "mode choice"
     assert decoder.step_cost[8] == pytest.approx(1.5) and decoder.step_cost[1] == 1.0
+
+
+def test_a_sure_tree_needs_no_reference_and_a_worthless_one_is_never_probed():
+    costs = StepCosts()
+    sure = DraftTree(list(range(7)), list(range(-1, 6)), list(range(7)), (1.0,) * 7, ((),) * 7)
+    assert len(costs.choose(sure)) == 7 and costs.references == 0  # pays on any CPU's curve
+    worthless = DraftTree([0, 1, 2], [-1, 0, 1], [0, 1, 2], (1.0, 0.01, 0.005), ((),) * 3)
+    costs.record(1, 0.01)
+    for _ in range(3 * step_cost.PROBE_EVERY):
+        assert len(costs.choose(worthless)) == 1
+        costs.record(1, 0.01)
+    assert costs.probes == 0
