@@ -8,9 +8,9 @@ walk, and the curve tree sizing reads is the seed corrected by what the steps co
 
 Rules:
 - A step's cost is a RATIO: its time over the median of the plain steps timed in the last REFERENCE_AGE steps.
-  Load from other processes that slows every step alike leaves ratios, and so tree sizes, unchanged. When no plain
-  step ran that recently, the next step is a plain one (a reference probe), unless its tree pays even on a curve as
-  steep as any CPU's (then the choice does not depend on the reference) and a plain step ran in REFERENCE_EVERY.
+  Load from other processes that slows every step alike leaves ratios, and so tree sizes, unchanged. A tree step
+  with no plain step that recent teaches nothing, so after REFERENCE_AGE steps without one the next step is plain
+  (a reference probe; steps without drafts, where nothing matches, usually come sooner).
 - Ratios are kept per bucket of row counts (KNOTS) as corrections of the seed (ratio / seed(rows)); a bucket's
   correction is the median of its last WINDOW corrections; until `weight` + 1 are seen, blended with what it was
   assumed to cost (what the other buckets say, else the seed); what a step taught is forgotten after EXPIRE steps. Between buckets seen the curve
@@ -19,7 +19,8 @@ Rules:
   let big trees through again and again).
 - Trees shrink when they do not pay, down to plain steps; every PROBE_EVERY steps one step verifies the tree up to
   the next bucket above the size that pays (a growth probe), so a curve that flattens again is seen; drafts that
-  would not pay even where rows are cheapest (a source always wrong) are never probed.
+  would not pay even where rows are cheapest, or hold less than PROBE_GAIN expected tokens (a source
+  always wrong), are never probed.
 - Nothing measured here: the seed is CONSERVATIVE (trees start small and grow as steps prove cheap), never another
   machine's curve.
 """
@@ -40,9 +41,6 @@ KNOTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 WINDOW = 12  # corrections kept per bucket: the last few dozen steps decide
 REFERENCE_KEPT = 8  # plain step times the reference is the median of
 REFERENCE_AGE = 24  # steps: a plain step older than this is no reference (the load may have changed since)
-# steps after which a plain reference step runs even before a tree that pays on any CPU's curve (rows can cost more
-# still: a vector unit shared with another process)
-REFERENCE_EVERY = 4 * REFERENCE_AGE
 PROBE_EVERY = 24  # steps between growth probes
 # steps after which what a step taught is forgotten: a bucket fed only by growth probes (trees shrunk below it) keeps
 # its last few, so that a few probes after the load has gone outvote what it taught
@@ -55,6 +53,7 @@ GUESSED_WEIGHT = 1  # behind the conservative seed: the first real steps outvote
 MIN_DRAFT_COST = 0.05  # a step with drafts costs at least this much more than a plain one (calibration's rule)
 # rows about as cheap as they get on a CPU: drafts that would not pay even on it are not worth a growth probe
 CHEAP = cost_curve({1: 1.0, 2: 1.1, 16: 1.2, 64: 1.6})
+PROBE_GAIN = 0.5  # expected accepted drafts a growth probe's added nodes must hold at least
 
 
 def seed_from_two(one_ms: float, rows: int, rows_ms: float, largest: int = 64) -> list[float]:
@@ -90,7 +89,8 @@ class StepCosts:
     """
 
     def __init__(self, curve: Sequence[float] | None = None, source: str = "conservative",
-                 weight: int | None = None) -> None:
+                 weight: int | None = None, learn: bool = True) -> None:
+        self.learn = learn  # False: the seed is the curve, whatever the steps cost (no probes either)
         self._windows: list[deque[tuple[int, float]]] = [deque(maxlen=WINDOW) for _ in KNOTS]  # (step, correction)
         self._plain: deque[tuple[int, float]] = deque(maxlen=REFERENCE_KEPT)  # (step number, seconds)
         self.steps = 0  # steps recorded
@@ -123,6 +123,8 @@ class StepCosts:
 
     def record(self, rows: int, seconds: float) -> None:
         """A step of `rows` rows (root and drafts) took `seconds` of wall time."""
+        if not self.learn:
+            return
         self.steps += 1
         for window in self._windows:
             while window and self.steps - window[0][0] > EXPIRE:
@@ -211,20 +213,17 @@ class StepCosts:
         """The tree cut to what pays on the learned curve; the root alone when a plain step is due as the
         reference and the choice depends on it; grown to the next bucket when a growth probe is due and the drafts
         beyond the cut would pay where rows are cheapest."""
-        if len(tree) == 1:
-            return tree
+        if len(tree) == 1 or not self.learn:
+            return fit_to_cost(tree, self._seed.curve)
         curve = self.curve()
-        if self.reference_s() is None:
-            steepest = [max(a, b) for a, b in zip(curve, CONSERVATIVE)] + curve[len(CONSERVATIVE):]
-            last_plain = self._plain[-1][0] if self._plain else 0
-            if len(fit_to_cost(tree, steepest)) == len(tree) and self.steps - last_plain < REFERENCE_EVERY:
-                return tree  # it pays whatever rows cost on a CPU: no reference needed to choose it (for a while)
+        last_plain = self._plain[-1][0] if self._plain else 0  # a fresh decoder runs its seed's trees a while first
+        if self.steps - last_plain >= REFERENCE_AGE:
             self.references += 1
             return tree.prefix(1)
         fitted = fit_to_cost(tree, curve)
         if len(fitted) < len(tree) and self.steps - self._probed >= PROBE_EVERY:
             worth = len(fit_to_cost(tree, CHEAP))
-            if worth > len(fitted):
+            if sum(tree.shares[len(fitted) : worth]) >= PROBE_GAIN:
                 self._probed = self.steps
                 self.probes += 1
                 grown = KNOTS[min(_knot(len(fitted)) + 1, len(KNOTS) - 1)]

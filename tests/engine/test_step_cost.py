@@ -75,7 +75,8 @@ def test_trees_grow_back_when_steps_become_cheap_again():
 @pytest.mark.parametrize("load", [lambda step: 3.0, lambda step: 1.0 + (step // 50) % 3])
 def test_load_that_slows_every_step_alike_leaves_the_choice_unchanged(load):
     """The cost of a tree step is read against plain steps timed close to it: a constant load changes no size at
-    all, a load that comes and goes every 50 steps leaves the settled size and curve where they were."""
+    all, a load that comes and goes (1-3x) every 50 steps leaves the throughput within 5% and the curve where the
+    trees are within 10%."""
     curve_shape = lambda rows: 1.0 + 0.3 * (rows - 1)  # noqa: E731 - a CPU where some drafts pay
     quiet, busy = StepCosts(), StepCosts()
     alone = run(quiet, curve_shape, seed=1)
@@ -86,21 +87,25 @@ def test_load_that_slows_every_step_alike_leaves_the_choice_unchanged(load):
         gains = [1 + sum(sure_tree().shares[1:rows]) for rows in sizes[-100:]]
         return sum(gains) / sum(curve_shape(rows) for rows in sizes[-100:])
 
-    assert speed(loaded) == pytest.approx(speed(alone), rel=0.03)
-    for k in (2, 4, 8, 16):
-        assert busy.curve()[k] == pytest.approx(quiet.curve()[k], rel=0.1)
+    assert speed(loaded) == pytest.approx(speed(alone), rel=0.05)
+    k = typical(alone)
+    assert busy.curve()[k] == pytest.approx(quiet.curve()[k], rel=0.1)  # where both decoders' trees are
     if load(0) == load(299):  # constant
         assert loaded == alone
 
 
-def test_without_a_fresh_plain_step_the_next_step_is_one():
+def test_tree_steps_far_from_a_plain_step_teach_nothing_until_a_plain_step_is_run():
     costs = StepCosts(FLAT_SEED, "measured")
-    assert len(costs.choose(sure_tree())) == 1 and costs.references == 1  # nothing to compare a tree step with
+    for _ in range(step_cost.REFERENCE_AGE):
+        assert len(costs.choose(sure_tree())) > 1  # a fresh decoder runs its seed's trees
+        costs.record(17, 0.011)
+    assert costs.seen() == {}  # nothing to compare them with
+    assert len(costs.choose(sure_tree())) == 1 and costs.references == 1  # so a plain step is timed
     costs.record(1, 0.01)
     for _ in range(step_cost.REFERENCE_AGE):
         assert len(costs.choose(sure_tree())) > 1
         costs.record(17, 0.011)
-    assert len(costs.choose(sure_tree())) == 1  # the reference has aged: time a plain step again
+    assert 24 in costs.seen() and costs.reference_s() is None  # learned from; the reference has aged since
 
 
 def test_a_tree_step_without_a_reference_teaches_nothing():
@@ -148,7 +153,7 @@ def test_the_decoder_sizes_trees_by_the_steps_it_ran(cost, few_steps):
     truth = decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=120, budget=0)).tokens
     decoder = Decoder(loaded)
     FakeClock(decoder, cost)
-    for _ in range(20):  # learns (sure drafts run a while before a plain reference step: step_cost.REFERENCE_EVERY)
+    for _ in range(4):  # learns
         decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=60, budget=8))
         decoder.reset()
     result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=120, budget=8))
@@ -173,10 +178,8 @@ def test_the_mode_choices_steps_seed_the_curve_when_nothing_else_was_measured(tm
     assert decoder.step_cost[8] == pytest.approx(1.5) and decoder.step_cost[1] == 1.0
 
 
-def test_a_sure_tree_needs_no_reference_and_a_worthless_one_is_never_probed():
+def test_a_worthless_draft_is_never_probed():
     costs = StepCosts()
-    sure = DraftTree(list(range(7)), list(range(-1, 6)), list(range(7)), (1.0,) * 7, ((),) * 7)
-    assert len(costs.choose(sure)) == 7 and costs.references == 0  # pays on any CPU's curve
     worthless = DraftTree([0, 1, 2], [-1, 0, 1], [0, 1, 2], (1.0, 0.01, 0.005), ((),) * 3)
     costs.record(1, 0.01)
     for _ in range(3 * step_cost.PROBE_EVERY):
