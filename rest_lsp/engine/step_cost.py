@@ -7,10 +7,11 @@ nothing about this one. So every step's wall time is recorded by its row count, 
 walk, and the curve tree sizing reads is the seed corrected by what the steps cost.
 
 Rules:
-- A step's cost is a RATIO: its time over the median of the plain steps timed in the last REFERENCE_AGE steps.
-  Load from other processes that slows every step alike leaves ratios, and so tree sizes, unchanged. A tree step
-  with no plain step that recent teaches nothing, so after REFERENCE_AGE steps without one the next step is plain
-  (a reference probe; steps without drafts, where nothing matches, usually come sooner).
+- A step's cost is a RATIO: its time over the mean of the plain steps just before and just after it (within
+  REFERENCE_AGE steps), so load from other processes that slows every step alike leaves ratios, and so tree sizes,
+  unchanged; where those two plain steps differ by more than STABLE the load changed between them, and the tree
+  steps between teach nothing. After REFERENCE_AGE steps without a plain one the next step is plain (a reference
+  probe; steps without drafts, where nothing matches, usually come sooner).
 - Ratios are kept per bucket of row counts (KNOTS) as corrections of the seed (ratio / seed(rows)); a bucket's
   correction is the median of its last WINDOW corrections; until `weight` + 1 are seen, blended with what it was
   assumed to cost (what the other buckets say, else the seed); what a step taught is forgotten after EXPIRE steps. Between buckets seen the curve
@@ -41,6 +42,7 @@ KNOTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 WINDOW = 12  # corrections kept per bucket: the last few dozen steps decide
 REFERENCE_KEPT = 8  # plain step times the reference is the median of
 REFERENCE_AGE = 24  # steps: a plain step older than this is no reference (the load may have changed since)
+STABLE = 1.5  # two plain steps further apart than this bracket a change of load: the tree steps between are dropped
 PROBE_EVERY = 24  # steps between growth probes
 # steps after which what a step taught is forgotten: a bucket fed only by growth probes (trees shrunk below it) keeps
 # its last few, so that a few probes after the load has gone outvote what it taught
@@ -93,6 +95,7 @@ class StepCosts:
         self.learn = learn  # False: the seed is the curve, whatever the steps cost (no probes either)
         self._windows: list[deque[tuple[int, float]]] = [deque(maxlen=WINDOW) for _ in KNOTS]  # (step, correction)
         self._plain: deque[tuple[int, float]] = deque(maxlen=REFERENCE_KEPT)  # (step number, seconds)
+        self._pending: list[tuple[int, int, float]] = []  # tree steps since the last plain one: (step, rows, seconds)
         self.steps = 0  # steps recorded
         self._probed = 0  # step number of the last growth probe
         self.probes = 0  # growth probes run
@@ -132,15 +135,20 @@ class StepCosts:
                 self._learned = None
         if seconds <= 0 or rows < 1:
             return
-        if rows == 1:
-            self._plain.append((self.steps, seconds))
+        if rows > 1:
+            if self._plain and self.steps - self._plain[-1][0] < REFERENCE_AGE:
+                self._pending.append((self.steps, rows, seconds))  # judged at the next plain step
             return
-        ref = self.reference_s()
-        if ref is None:
-            return  # nothing to compare with: the next step is a reference probe
-        ratio = max(1.0 + MIN_DRAFT_COST, seconds / ref)
-        self._windows[_knot(rows)].append((self.steps, ratio / self._seed.at(rows)))
-        self._learned = None
+        before = self._plain[-1][1] if self._plain else None
+        self._plain.append((self.steps, seconds))
+        pending, self._pending = self._pending, []
+        if before is None or max(before, seconds) > STABLE * min(before, seconds):
+            return  # the load changed between the two plain steps: the tree steps between them say nothing
+        ref = (before + seconds) / 2
+        for step, k, t in pending:
+            ratio = max(1.0 + MIN_DRAFT_COST, t / ref)
+            self._windows[_knot(k)].append((step, ratio / self._seed.at(k)))
+            self._learned = None
 
     def _corrections(self) -> list[float | None]:
         """Per bucket (KNOTS), the factor its seed is multiplied by; None where no step of its size was seen.

@@ -105,7 +105,14 @@ def test_tree_steps_far_from_a_plain_step_teach_nothing_until_a_plain_step_is_ru
     for _ in range(step_cost.REFERENCE_AGE):
         assert len(costs.choose(sure_tree())) > 1
         costs.record(17, 0.011)
-    assert 24 in costs.seen() and costs.reference_s() is None  # learned from; the reference has aged since
+    assert costs.seen() == {}  # judged at the next plain step, which is due now
+    assert len(costs.choose(sure_tree())) == 1 and costs.references == 2
+    costs.record(1, 0.01)
+    assert costs.seen()[24][1] == pytest.approx(1.1, rel=0.02)  # against the plain steps before and after them
+    for _ in range(step_cost.REFERENCE_AGE - 1):
+        costs.record(17, 0.02)
+    costs.record(1, 0.02)  # the load doubled somewhere between the two plain steps: those tree steps teach nothing
+    assert costs.seen()[24][1] == pytest.approx(1.1, rel=0.02)
 
 
 def test_a_tree_step_without_a_reference_teaches_nothing():
@@ -153,7 +160,7 @@ def test_the_decoder_sizes_trees_by_the_steps_it_ran(cost, few_steps):
     truth = decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=120, budget=0)).tokens
     decoder = Decoder(loaded)
     FakeClock(decoder, cost)
-    for _ in range(4):  # learns
+    for _ in range(12):  # learns
         decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=60, budget=8))
         decoder.reset()
     result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=120, budget=8))
