@@ -15,7 +15,7 @@ from rest_lsp.engine import runmode, step_cost
 from rest_lsp.engine.calibration import Interrupted, cache_file, calibration_key, relative_curve
 from rest_lsp.engine.runmode import runnable_dtype
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
-from rest_lsp.engine.runmode import PACKINGS, cost_curve
+from rest_lsp.engine.runmode import cost_curve
 from rest_lsp.drafting.draft_tree import DraftTree, fit_to_cost
 from rest_lsp.drafting.drafts import Proposal
 
