@@ -193,3 +193,23 @@ def test_a_worthless_draft_is_never_probed():
         assert len(costs.choose(worthless)) == 1
         costs.record(1, 0.01)
     assert costs.probes == 0
+
+
+def test_the_mode_choice_kept_here_is_read_back_as_the_seeds_two_steps(tmp_path):
+    import torch
+
+    from rest_lsp.engine import mode_choice
+    from rest_lsp.engine.runmode import decide
+
+    cpu = torch.device("cpu")
+    names = mode_choice.candidates(decide("cpu", None, gguf=True), True)
+    if not names:
+        pytest.skip("no mode choice here: the integer kernel does not build")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    key = mode_choice.choice_key(gguf, cpu, names)
+    timings = {n: mode_choice.Timing(20.0, 30.0, 100.0) for n in names}
+    mode_choice.write_cached(mode_choice.cache_file(tmp_path, key), key, mode_choice.Choice("gguf", timings, "x"))
+    assert decoding._mode_choice_steps(str(gguf), cpu, "gguf", tmp_path) == (20.0, 30.0)
+    assert decoding._mode_choice_steps(str(gguf), cpu, "gguf", tmp_path / "elsewhere") is None
+    assert decoding._mode_choice_steps(str(tmp_path), cpu, "gguf", tmp_path) is None  # not a .gguf
