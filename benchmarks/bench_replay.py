@@ -768,11 +768,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def learned_step_costs(processes: list[dict]) -> str:
+    """Per server process, the step cost its decoder learned from the steps it ran (ratio to a plain step, by
+    rows), from its last stats reply."""
+    lines = []
+    for p in processes:
+        cost = p["final_stats"].get("step_cost") if isinstance(p.get("final_stats"), dict) else None
+        if cost and cost.get("learned"):
+            learned = ", ".join(f"{k}: {r:.2f}x ({n})" for k, (n, r) in cost["learned"].items())
+            lines.append(f"{p['config']} {p['mode']} {p['corpus']}: step cost learned (seed {cost['seed']}, "
+                         f"{cost['growth_probes']} growth probes; rows: ratio (steps in window)): {learned}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = asyncio.run(run(args))
     add_summary(results, args.configs)
     print(table(results, args.configs))
+    print(learned_step_costs(results["processes"]))
     write_json(args.out, results, ["benchmarks/bench_replay.py", *(sys.argv[1:] if argv is None else argv)])
     png = args.out.with_suffix(".png")
     plot(results, args.configs, png)

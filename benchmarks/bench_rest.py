@@ -88,6 +88,42 @@ class Useless:
         return [Proposal("useless", 16, chain, tuple(range(-1, 7)), (1.0,) * 8)]
 
 
+def credit(learn, counts: dict):
+    """Decoder._learn that also counts, per source, the accepted drafts it had proposed (a node several sources
+    proposed counts for each)."""
+
+    def wrapped(recycle, tree, path, accepted, logits_at):
+        for node in path[1 : len(accepted)]:
+            for source in {key[0] for key, _ in tree.votes[node]}:
+                counts[source] = counts.get(source, 0) + 1
+        counts[""] = counts.get("", 0) + 1  # steps
+        return learn(recycle, tree, path, accepted, logits_at)
+
+    return wrapped
+
+
+def print_learned(decoders: dict, found: dict, credited: dict, configs: list) -> None:
+    """The step-cost curve each REST decoder learned from its steps beside the one calibration measured, and the
+    accepted drafts per step each source had proposed."""
+    for c in configs:
+        d = decoders[c]
+        if c.startswith("own-plain") or not d.costs.seen():
+            continue
+        measured = found[d.engine].curve
+        print(f"\n{c}: step cost learned from its steps (seeded {d.costs.source}; {d.costs.probes} growth probes, "
+              f"{d.costs.references} plain reference steps) vs calibration ({found[d.engine].source})")
+        print("| rows | steps seen | learned | measured |\n|---|---|---|---|")
+        for k, (n, learned) in sorted(d.costs.seen().items()):
+            at = measured[k] if k < len(measured) else float("nan")
+            print(f"| {k} | {n} | {learned:.2f}x | {at:.2f}x |")
+        steps = credited[c].get("", 0)
+        if steps:
+            print("| source | accepted drafts per step |\n|---|---|")
+            for source, count in sorted(credited[c].items(), key=lambda kv: -kv[1]):
+                if source:
+                    print(f"| {source} | {count / steps:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, action="append",
@@ -165,6 +201,10 @@ def main() -> None:
             print(f"step cost, {d.engine} engine ({found[d.engine].source}): {ms[1]:.1f} ms for 1 token; "
                   + ", ".join(f"{k}: {v / ms[1]:.2f}x" for k, v in sorted(ms.items())))
         d.run = d.run.measured(found[d.engine].curve)
+        d.costs.seed(found[d.engine].curve, "measured")  # the seed; each decoder learns its own from its steps
+    credited = {c: {} for c in configs}  # per configuration, source -> accepted drafts it had proposed
+    for c in configs:
+        decoders[c]._learn = credit(decoders[c]._learn, credited[c])
     recycles = {c: SuccessorTable() for c in configs}
     outputs = {c: OutputStore() for c in configs}
     n = args.max_new_tokens
@@ -290,6 +330,7 @@ def main() -> None:
             slowest = min(r[f"{own_plain(c)}_ms_per_token"] / r[f"{c}_ms_per_token"] for r in rows)
             summary[c]["slowest_vs_own_plain"] = slowest
             print(f"| {labels[c]} | {summary[c]['vs_llama_cpp']:.2f}x | {slowest:.2f}x |")
+    print_learned(decoders, found, credited, configs)
     if len(corpora) > 1:
         print("\n| corpus | prompts | REST median speedup | REST tokens/step | PLD median speedup |")
         print("|---|---|---|---|---|")

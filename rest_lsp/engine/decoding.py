@@ -19,13 +19,16 @@ import torch
 from transformers import DynamicCache
 
 from rest_lsp.drafting.acceptance import AcceptanceModel
+from rest_lsp.engine import mode_choice
 from rest_lsp.engine.calibration import Calibration, calibrate
-from rest_lsp.drafting.draft_tree import (DraftTree, build_tree, fit_to_cost, tree_attention_mask, tree_position_ids,
+from rest_lsp.drafting.draft_tree import (DraftTree, build_tree, tree_attention_mask, tree_position_ids,
                                   under_chain)
 from rest_lsp.drafting.drafts import DraftSource, Proposal, propose
 from rest_lsp.engine.lean_llama import KVCache, LeanLlama, unsupported
 from rest_lsp.engine.model import LoadedModel, ModelLoadError, cache_root
 from rest_lsp.engine.runmode import run_mode
+from rest_lsp.engine import step_cost
+from rest_lsp.engine.step_cost import StepCosts, seed_from_two
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +184,25 @@ def likely_nodes(tree: DraftTree, batch_from: float, rows: int) -> list[int]:
     return sorted(range(len(tree)), key=lambda i: -tree.shares[i])[:rows]
 
 
+def _mode_choice_steps(name: str, device: torch.device, mode: str, cache_dir: Path) -> tuple[float, float] | None:
+    """(ms of a plain step, ms of a mode_choice.TREE-token step) of `mode` that the mode choice measured for this
+    model on this machine and kept, else None (not a .gguf, never chosen here, or its timings were noisy)."""
+    from rest_lsp.engine.model_source import resolve
+    from rest_lsp.engine.runmode import decide
+
+    try:
+        folder, gguf = resolve(name)
+        if gguf is None:
+            return None
+        names = mode_choice.candidates(decide(device.type, None, gguf=True), True)
+        key = mode_choice.choice_key(Path(folder) / gguf, device, names)
+        choice = mode_choice.read_cached(mode_choice.cache_file(cache_dir, key), key)
+    except (OSError, ModelLoadError):
+        return None
+    timing = choice.timings.get(mode) if choice is not None else None
+    return (timing.step_ms, timing.tree_ms) if timing is not None else None
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -274,6 +296,10 @@ class Decoder:
         self.run = run_mode(self.device, self.dtype, self.lean.packing if self.lean is not None else None,
                             tuple(loaded.notes))
         self.calibration: Calibration | None = None
+        # What a step of k rows costs here, learned from the steps run: seeded by calibrate() from what this machine
+        # measured, else from a conservative curve (never the reference machines' curves above); a GPU's is flat.
+        self.costs = StepCosts(self.run.step_cost, "flat") if self.device.type == "cuda" else StepCosts()
+        self.clock = time.perf_counter  # what step times are read from (a test's fake clock)
         self._pass_s: deque[float] = deque(maxlen=PASSES_KEPT)  # the last decoding passes' times (seconds)
         # What sources claim is not how often the model agrees: learned per (source, match length, depth) from
         # every walk, for as long as the decoder lives (and longer, when its owner saves it).
@@ -327,6 +353,11 @@ class Decoder:
                           **measure_kw)
         if found is not None:
             self.run, self.calibration = self.run.measured(found.curve), found
+            # timings from busy cores (not kept) are a seed the first steps outvote
+            self.costs.seed(found.curve, "measured", None if found.path is not None else step_cost.GUESSED_WEIGHT)
+        elif self.device.type == "cpu" and (two := _mode_choice_steps(self.name, self.device, self.mode,
+                                                                      cache_root() if cache_dir is None else cache_dir)):
+            self.costs.seed(seed_from_two(two[0], mode_choice.TREE, two[1]), "mode choice")
         return found
 
     @property
@@ -336,8 +367,9 @@ class Decoder:
 
     @property
     def step_cost(self) -> list[float]:
-        """The step-cost curve tree sizing uses now (the measured one once calibrate() has run)."""
-        return self.run.step_cost
+        """The step-cost curve tree sizing uses now: the seed (measured here, else conservative) as the steps run
+        have corrected it."""
+        return self.costs.curve()
 
     @property
     def kernel(self) -> str:
@@ -729,7 +761,7 @@ class Decoder:
         proposals = self._usable(propose(drafts, seq), len(seq)) if config.budget > 0 else []
         tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
         if config.fit_to_cost:
-            tree = fit_to_cost(tree, self.step_cost)
+            tree = self.costs.choose(tree)
         clock.draft += time.perf_counter() - t
         return tree
 
@@ -737,10 +769,13 @@ class Decoder:
                            gen: torch.Generator | None) -> tuple[list[int], list[int], Callable[[int], torch.Tensor]]:
         """One forward pass over the chain and the tree, then the walk: (accepted tokens, the path's nodes, the
         logits the pass computed, by node)."""
-        t = time.perf_counter()
+        t = self.clock()
         logits_at = _memo(self.verify(tree, chain))
         accepted, path = self.accept(tree, logits_at, config, gen)
-        self._pass_s.append(time.perf_counter() - t)  # the walk read the logits: the device is done
+        elapsed = self.clock() - t  # the walk read the logits: the device is done
+        self._pass_s.append(elapsed)
+        if not chain:  # a prompt tail under the tree is a prefill's work, not a tree size's
+            self.costs.record(len(tree), elapsed)
         return accepted, path, logits_at
 
     def _learn(self, recycle: DraftSource | None, tree: DraftTree, path: list[int], accepted: list[int],

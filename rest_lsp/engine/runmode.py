@@ -1,10 +1,11 @@
 """How the engine runs here: device, dtype, weight packing and what a step costs, decided once as one frozen value.
 
 `decide` turns what the user asked for (`--device`, `--dtype`, a .gguf or not) into a `RunMode`; `run_mode` gives
-the value a Decoder runs once it knows which packing its model takes. Each packing's row in `PACKINGS` holds the
-constants tree sizing needs until `calibrate()` has measured this machine: the step-cost curve, how many rows the
-LM head takes in one call and from when that call pays, and how many rows a node outside it brings. The curves come
-from benchmarks/bench_kernels.py on the reference machines (benchmarks/RESULTS.md, "Kernels and step cost").
+the value a Decoder runs once it knows which packing its model takes. Each packing's row in `PACKINGS` holds how many
+rows the LM head takes in one call and from when that call pays, how many rows a node outside it brings, and the
+step-cost curve benchmarks/bench_kernels.py measured on a reference machine (benchmarks/RESULTS.md, "Kernels and
+step cost"): a record, never what sizes a CPU's trees (another CPU's curve says nothing of this one); the decoder
+learns its own from the steps it runs (`step_cost.py`), seeded from what this machine measured.
 """
 
 from __future__ import annotations

@@ -687,6 +687,8 @@ class CompletionService(HostThreads):
                 "draft_sources": [] if self.settings.draft_budget <= 0 else [
                     n for n in SOURCE_NAMES if n not in self.settings.draft_exclude],
                 "acceptance_observations": self._decoder.acceptance.observations if self._decoder else 0,
+                # what a step of k rows costs over a plain one, as the decoder learned it from its steps
+                "step_cost": self._decoder.costs.describe() if self._decoder is not None else None,
                 "document_caches": len(self._model.documents.kept()) if self._model is not None else 0,
                 "document_cache_bytes": self._model.documents.kept_bytes if self._model is not None else 0,
             }

@@ -12,6 +12,7 @@ from rest_lsp.engine.decoding import DecodeConfig, Decoder
 from rest_lsp.engine.lean_llama import LeanLlama
 from rest_lsp.engine.model import LoadedModel
 from rest_lsp.engine.runmode import PACKINGS
+from rest_lsp.engine.step_cost import StepCosts
 from rest_lsp.drafting.acceptance import PRIOR_SCALE, bucket
 from rest_lsp.datastore import Datastore
 from rest_lsp.drafting.drafts import (ContextLookup, DraftMix, KnownStart, NgramDrafts, NoDrafts, OutputStore, Proposal,
@@ -292,8 +293,8 @@ def test_learned_acceptance_follows_what_the_model_accepts(tiny):
     prompt = [rnd.randrange(vocab) for _ in range(16)]
     truth = reference(tiny, prompt, 120)
     decoder = Decoder(tiny)
-    # a CPU's curve, on any device: a node must earn its cost
-    decoder.run = decoder.run.measured(PACKINGS["onednn"].step_cost)
+    # a CPU's curve, on any device, whatever a step of this tiny model costs here: a node must earn its cost
+    decoder.costs = StepCosts(PACKINGS["onednn"].step_cost, "measured", learn=False)
 
     liar = Oracle("liar", prompt, truth, vocab, ratio=1.0, wrong=True)
     first = decoder.generate(prompt, liar, DecodeConfig(max_new_tokens=40))

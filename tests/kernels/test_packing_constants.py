@@ -1,6 +1,6 @@
-"""Each weight packing's constants reach the decoder that runs on it: the step-cost curve tree sizing uses until
-calibrate() measures this machine, how many rows the LM head takes in one call, and how many rows a node outside it
-brings (rest_lsp/engine/runmode.py, PACKINGS). The rows hold the numbers the README gives for each kernel."""
+"""Each weight packing's constants reach the decoder that runs on it: the step-cost curve the reference machine
+measured (kept as a record: trees are sized by the curve learned here, engine/step_cost.py), how many rows the LM head
+takes in one call, and how many rows a node outside it brings (rest_lsp/engine/runmode.py, PACKINGS). The rows hold the numbers the README gives for each kernel."""
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ def test_a_decoder_on_each_packing_takes_that_packings_row(packing):
     decoder = Decoder(tiny_model("llama"), pack=packing)
     assert decoder.lean is not None and decoder.lean.packing == packing
     row = PACKINGS[packing]
-    assert decoder.step_cost == row.step_cost
+    assert decoder.run.step_cost == row.step_cost
     assert (decoder.run.head_batch, decoder.run.head_batch_from, decoder.run.miss_rows) == \
         (row.head_batch, row.head_batch_from, row.miss_rows)
 
@@ -35,7 +35,7 @@ def test_a_decoder_on_each_packing_takes_that_packings_row(packing):
 def test_the_transformers_engine_takes_the_row_of_the_models_own_matmuls():
     decoder = Decoder(tiny_model("llama"), lean=False)
     row = PACKINGS["none"]
-    assert decoder.step_cost == row.step_cost and decoder.run.head_batch == row.head_batch
+    assert decoder.run.step_cost == row.step_cost and decoder.run.head_batch == row.head_batch
     assert decoder.run.miss_rows == row.miss_rows
 
 

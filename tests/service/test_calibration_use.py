@@ -22,7 +22,8 @@ def test_a_server_starts_on_the_curve_measured_here_before(tiny_models, tmp_path
                         cache_dir=str(tmp_path))
     first = _service(settings)
     try:
-        assert first._decoder.calibration is None  # nothing measured here yet: the packing's built-in curve
+        assert first._decoder.calibration is None  # nothing measured here yet: a conservative seed, then learned
+        assert first.stats()["step_cost"]["seed"] == "conservative"
         measured = first._decoder.calibrate(tmp_path, **QUICK)
         assert measured is not None and measured.source == "measured" and measured.path.is_file()
     finally:
@@ -32,6 +33,7 @@ def test_a_server_starts_on_the_curve_measured_here_before(tiny_models, tmp_path
         found = second._decoder.calibration
         assert found is not None and found.source == "cache" and found.path == measured.path
         assert second._decoder.step_cost == measured.curve
+        assert second.stats()["step_cost"]["seed"] == "measured"  # what the steps teach is added to it
     finally:
         second.close()
 
