@@ -2,6 +2,7 @@
 
 levels.py: the levels, what the CPU must report for each, which one runs (REST_LSP_KERNEL_LEVEL forces one).
 loader.py: the one path a kernel is built, cached, checksummed, loaded, bound, checked and registered as a torch op.
+buffers.py: what a native call may touch (each buffer's length beside its pointer) and its error codes' sentences.
 panel_matmul.py, quant_matmul.py, row_attention.py: each kernel's Python side (packing, binding, reference, op).
 
 Knows: torch tensors, the CPU's instruction sets, the C compiler, the cache folder.

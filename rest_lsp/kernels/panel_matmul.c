@@ -59,12 +59,25 @@ static void panels(const float *x, idx m, idx k, const float *p, idx n, const fl
     }
 }
 
+/* a x b <= have, without overflow (a, b >= 0) */
+static int fits(idx a, idx b, idx have) {
+    idx ab;
+    return !__builtin_mul_overflow(a, b, &ab) && ab <= have;
+}
+
 /* y [m, n] = x [m, k] @ w.T + bias, w given as panels [ceil(n / NB)][k][NB]; bias may be NULL; on `threads`
-   threads (torch's setting: an OpenMP thread's own default may differ) */
-void panel_mm(const float *x, idx m, idx k, const float *p, idx n, const float *bias, float *y, int threads) {
+   threads (torch's setting: an OpenMP thread's own default may differ). xn, pn, bn, yn: the floats each buffer
+   holds from its pointer on, checked before anything is read. 0; -3 for sizes that do not fit the buffers */
+int panel_mm(const float *x, idx xn, idx m, idx k, const float *p, idx pn, idx n, const float *bias, idx bn,
+             float *y, idx yn, int threads) {
+    if (m < 0 || k < 0 || n < 0 || m > 0x7fffffff || k > 0x7fffffff || n > 0x7fffffff) return -3;
     idx count = (n + NB - 1) / NB;
+    if ((m && (!x || !y)) || !fits(m, k, xn) || !fits(m, n, yn) || !fits(count * NB, k, pn) || (count && k && !p)
+        || (bias && bn < n)) return -3;
+    if (m == 0 || n == 0) return 0;
 #ifdef _OPENMP
-    #pragma omp parallel num_threads(threads) if (threads > 1 && count > 1 && m * k * n >= 65536)
+    int wide = (double)m * (double)k * (double)n >= 65536.0; /* in doubles: the product may pass 2^63 */
+    #pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1 && count > 1 && wide)
     {
         idx t = omp_get_thread_num(), T = omp_get_num_threads();
         panels(x, m, k, p, n, bias, y, count * t / T, count * (t + 1) / T);
@@ -73,6 +86,7 @@ void panel_mm(const float *x, idx m, idx k, const float *p, idx n, const float *
     (void)threads;
     panels(x, m, k, p, n, bias, y, 0, count);
 #endif
+    return 0;
 }
 
 /* 1 where the panels are split across OpenMP threads, 0 where this build has one thread */

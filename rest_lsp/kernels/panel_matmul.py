@@ -32,6 +32,7 @@ import logging
 
 import torch
 
+from rest_lsp.kernels.buffers import extent, outcome
 from rest_lsp.kernels.loader import Kernel, register
 
 log = logging.getLogger(__name__)
@@ -41,9 +42,10 @@ FLAGS = ("-O3", "-ffp-contract=fast", "-shared", "-fPIC")  # the level's flags f
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.panel_mm.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p,
-                             ctypes.c_longlong, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-    lib.panel_mm.restype = None
+    ll, vp = ctypes.c_longlong, ctypes.c_void_p
+    # x, xn, m, k, p, pn, n, bias, bn, y, yn, threads (xn...: the floats each buffer holds)
+    lib.panel_mm.argtypes = [vp, ll, ll, ll, vp, ll, ll, vp, ll, vp, ll, ctypes.c_int]
+    lib.panel_mm.restype = ctypes.c_int
     lib.panel_threaded.restype = ctypes.c_int
     return lib
 
@@ -90,19 +92,22 @@ def panel_mm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the panel kernel is not available on this machine")
+    if x.dim() != 2:
+        raise ValueError(f"panel_mm: the input {list(x.shape)} must be rows [m, K]")
     x = x.contiguous()
     m, k = x.shape
     # called ~120 times a step: the checks stay cheap attribute reads (`is_cpu`, not a loop over `device.type`)
     if (x.dtype != torch.float32 or panels.dtype != torch.float32 or panels.dim() != 3 or panels.shape[1:] != (k, PANEL)
-            or panels.shape[0] * PANEL < n or not panels.is_contiguous() or not (x.is_cpu and panels.is_cpu)
+            or panels.shape[0] * PANEL < n or n < 0 or not panels.is_contiguous() or not (x.is_cpu and panels.is_cpu)
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() < n
                                       or not bias.is_cpu))):
         raise ValueError(f"panel_mm: input [{m}, {k}] {x.dtype} does not fit panels {list(panels.shape)} "
                          f"{panels.dtype} for {n} outputs" + ("" if bias is None else f", bias [{bias.numel()}]"))
     y = torch.empty(m, n, dtype=torch.float32)  # [m, n]
     if m:
-        lib.panel_mm(x.data_ptr(), m, k, panels.data_ptr(), n, None if bias is None else bias.data_ptr(),
-                     y.data_ptr(), torch.get_num_threads())
+        outcome("panel_mm", lib.panel_mm(x.data_ptr(), extent(x), m, k, panels.data_ptr(), extent(panels), n,
+                                         None if bias is None else bias.data_ptr(), 0 if bias is None else extent(bias),
+                                         y.data_ptr(), extent(y), torch.get_num_threads()), "")
     return y
 
 

@@ -573,13 +573,25 @@ static void panels(const int8_t *xq, const float *xd, const int32_t *xs, idx m, 
     }
 }
 
+/* a x b <= have, without overflow (a, b >= 0) */
+static int fits(idx a, idx b, idx have) {
+    idx ab;
+    return !__builtin_mul_overflow(a, b, &ab) && ab <= have;
+}
+
 /* y [m, n] = x [m, k] quantized per block of 32 times the weight given as panels of `bits`-bit blocks (8, 5 or 4:
-   `pack`), + bias (may be NULL); on `threads` threads. 0, or 1 where the rows ran on AMX tiles; -1 when the scratch
-   memory could not be had, -2 for another width */
-int quant_mm(const float *x, idx m, idx k, const uint8_t *w, idx n, int bits, const float *bias, float *y,
-             int threads) {
+   `pack`), + bias (may be NULL); on `threads` threads. xn, wn, bn, yn: the floats (bytes for w) each buffer holds
+   from its pointer on, checked before anything is read. 0, or 1 where the rows ran on AMX tiles; -1 when the
+   scratch memory could not be had, -2 for another width, -3 for sizes that do not fit the buffers */
+int quant_mm(const float *x, idx xn, idx m, idx k, const uint8_t *w, idx wn, idx n, int bits, const float *bias,
+             idx bn, float *y, idx yn, int threads) {
     if (bits != 8 && bits != 5 && bits != 4) return -2;
+    /* the scratch holds m x nb x 32 quants: m, k, n each below 2^31 keep every product in range */
+    if (m < 0 || k < 0 || n < 0 || m > INT32_MAX || k > INT32_MAX - QK || n > INT32_MAX) return -3;
     idx nb = (k + QK - 1) / QK, count = (n + NB - 1) / NB;
+    if ((m && (!x || !y)) || !fits(m, k, xn) || !fits(m, n, yn) || !fits(count, panel_bytes(nb, bits), wn)
+        || (count && !w) || (bias && bn < n)) return -3;
+    if (m == 0 || n == 0) return 0;
 #if QM_AMX
     int amx = m >= AMX_ROWS && __atomic_load_n(&amx_wanted, __ATOMIC_RELAXED) && amx_usable();
 #else
@@ -596,7 +608,8 @@ int quant_mm(const float *x, idx m, idx k, const uint8_t *w, idx n, int bits, co
     if (amx) amx_layout(xq, xd, m, nb, xa, xda);
 #endif
 #ifdef _OPENMP
-    #pragma omp parallel num_threads(threads) if (threads > 1 && count > 1 && m * k * n >= 65536)
+    int wide = (double)m * (double)k * (double)n >= 65536.0; /* in doubles: the product may pass 2^63 */
+    #pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1 && count > 1 && wide)
     {
         idx t = omp_get_thread_num(), T = omp_get_num_threads();
         panels(xq, xd, xs, m, nb, w, n, bits, bias, y, count * t / T, count * (t + 1) / T, xa, xda);
@@ -609,9 +622,16 @@ int quant_mm(const float *x, idx m, idx k, const uint8_t *w, idx n, int bits, co
     return amx;
 }
 
-/* the rows' quantization alone (for the tests' reference) */
-void quant_rows(const float *x, idx m, idx k, int8_t *xq, float *xd, int32_t *xs) {
-    quantize_rows(x, m, k, (k + QK - 1) / QK, xq, xd, xs);
+/* the rows' quantization alone (for the tests' reference): x [m, k] (xn floats) -> xq [m][nb * 32], xd [m][nb],
+   xs [m][nb] (xqn, xdn, xsn elements). 0; -3 for sizes that do not fit the buffers */
+int quant_rows(const float *x, idx xn, idx m, idx k, int8_t *xq, idx xqn, float *xd, idx xdn, int32_t *xs,
+               idx xsn) {
+    if (m < 0 || k < 0 || m > INT32_MAX || k > INT32_MAX - QK) return -3;
+    idx nb = (k + QK - 1) / QK;
+    if (!fits(m, k, xn) || !fits(m, nb * QK, xqn) || !fits(m, nb, xdn) || !fits(m, nb, xsn)) return -3;
+    if (m && (!x || !xq || !xd || !xs)) return -3;
+    quantize_rows(x, m, k, nb, xq, xd, xs);
+    return 0;
 }
 
 int quant_path(void) { return QM_PATH; }

@@ -49,6 +49,7 @@ import logging
 
 import torch
 
+from rest_lsp.kernels.buffers import extent, outcome
 from rest_lsp.kernels.loader import Kernel, register
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,11 @@ LIBS = ("-lm",)
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     ll, vp = ctypes.c_longlong, ctypes.c_void_p
-    lib.quant_mm.argtypes = [vp, ll, ll, vp, ll, ctypes.c_int, vp, vp, ctypes.c_int]
+    # x, xn, m, k, w, wn, n, bits, bias, bn, y, yn, threads (xn...: the elements each buffer holds)
+    lib.quant_mm.argtypes = [vp, ll, ll, ll, vp, ll, ll, ctypes.c_int, vp, ll, vp, ll, ctypes.c_int]
     lib.quant_mm.restype = ctypes.c_int
-    lib.quant_rows.argtypes = [vp, ll, ll, vp, vp, vp]
-    lib.quant_rows.restype = None
+    lib.quant_rows.argtypes = [vp, ll, ll, ll, vp, ll, vp, ll, vp, ll]  # x, xn, m, k, xq, xqn, xd, xdn, xs, xsn
+    lib.quant_rows.restype = ctypes.c_int
     lib.quant_path.restype = ctypes.c_int
     lib.quant_threaded.restype = ctypes.c_int
     lib.quant_amx.restype = ctypes.c_int
@@ -95,11 +97,9 @@ def _checked(lib: ctypes.CDLL) -> ctypes.CDLL:
         got = torch.empty(m, 50)
         before = lib.quant_set_amx(int(amx))
         try:
-            ran = lib.quant_mm(x.data_ptr(), m, 200, panels.data_ptr(), 50, bits, bias.data_ptr(), got.data_ptr(), 1)
+            ran = call(lib, x[:m], panels, 50, bits, bias, got, 1)
         finally:
             lib.quant_set_amx(before)
-        if ran < 0:
-            raise ValueError("it could not allocate its scratch memory")
         if ran != amx:
             raise ValueError(f"its {m} rows ran {'without' if amx else 'on'} AMX tiles")
         return got
@@ -284,20 +284,49 @@ def quant_mm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the quantized kernel is not available on this machine")
+    if x.dim() != 2:
+        raise ValueError(f"quant_mm: the input {list(x.shape)} must be rows [m, K]")
     x = x.contiguous()
     m, k = x.shape
     if (x.dtype != torch.float32 or panels.dtype != torch.uint8 or panels.dim() != 2 or bits not in BITS
-            or panels.shape[1] != panel_bytes(k, bits) or panels.shape[0] * PANEL < n or not panels.is_contiguous()
-            or not (x.is_cpu and panels.is_cpu)
+            or panels.shape[1] != panel_bytes(k, bits) or panels.shape[0] * PANEL < n or n < 0
+            or not panels.is_contiguous() or not (x.is_cpu and panels.is_cpu)
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() < n
                                       or not bias.is_cpu))):
         raise ValueError(f"quant_mm: input [{m}, {k}] {x.dtype} does not fit {bits}-bit panels {list(panels.shape)} "
                          f"{panels.dtype} for {n} outputs" + ("" if bias is None else f", bias [{bias.numel()}]"))
     y = torch.empty(m, n, dtype=torch.float32)
-    if m and lib.quant_mm(x.data_ptr(), m, k, panels.data_ptr(), n, bits, None if bias is None else bias.data_ptr(),
-                          y.data_ptr(), torch.get_num_threads()) < 0:
-        raise MemoryError("quant_mm: no scratch memory for the quantized rows")
+    if m:
+        call(lib, x, panels, n, bits, bias, y, torch.get_num_threads())
     return y
+
+
+def call(lib: ctypes.CDLL, x: torch.Tensor, panels: torch.Tensor, n: int, bits: int, bias: torch.Tensor | None,
+         y: torch.Tensor, threads: int) -> int:
+    """lib.quant_mm on these tensors, each pointer with the elements its storage holds from there (the C checks
+    its sizes against them): 1 where the rows ran on AMX tiles, else 0; a ValueError or MemoryError in one
+    sentence where it refused."""
+    rc = lib.quant_mm(x.data_ptr(), extent(x), x.shape[0], x.shape[1], panels.data_ptr(), extent(panels), n, bits,
+                      None if bias is None else bias.data_ptr(), 0 if bias is None else extent(bias),
+                      y.data_ptr(), extent(y), threads)
+    return outcome("quant_mm", rc, f"no {bits}-bit panels")
+
+
+def rows(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's own quantization of x [m, K] (fp32): (quants int8 [m, nb, 32], scales [m, nb], sums of the
+    quants int32 [m, nb]), what `quantize_rows` computes in torch."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the quantized kernel is not available on this machine")
+    if x.dim() != 2 or x.dtype != torch.float32 or not x.is_cpu:
+        raise ValueError(f"quant_rows: the input {list(x.shape)} {x.dtype} must be fp32 rows [m, K]")
+    x = x.contiguous()
+    m, k = x.shape
+    nb = -(-k // BLOCK)
+    xq, xd, xs = torch.empty(m, nb, BLOCK, dtype=torch.int8), torch.empty(m, nb), torch.empty(m, nb, dtype=torch.int32)
+    outcome("quant_rows", lib.quant_rows(x.data_ptr(), extent(x), m, k, xq.data_ptr(), extent(xq), xd.data_ptr(),
+                                         extent(xd), xs.data_ptr(), extent(xs)), "")
+    return xq, xd, xs
 
 
 def _op(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None, bits: int = 8) -> torch.Tensor:

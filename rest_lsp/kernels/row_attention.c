@@ -240,33 +240,52 @@ static void task(const float *q, idx n, idx hq, idx d, idx G, idx g, idx r0, idx
     }
 }
 
+/* a x b x c <= have, without overflow (every factor >= 0) */
+static int fits(idx a, idx b, idx c, idx have) {
+    idx ab, abc;
+    return !__builtin_mul_overflow(a, b, &ab) && !__builtin_mul_overflow(ab, c, &abc) && abc <= have;
+}
+
 /* out [n, hq, d] from q [hq, n, d] and the caches k, v [hkv][rows of d] (`hs` floats between heads): row i's keys
    are cache rows 0..P-1, then P + c for each column c of mask row i [W, row stride ms] that is 0 (mask NULL: no
-   tail). 0; -1 when scratch memory could not be had; -2 for a shape it does not take. */
-int row_attn(const float *q, idx n, idx hq, idx hkv, idx d, const float *k, const float *v, idx hs, idx P,
-             const float *mask, idx W, idx ms, float scale, float *out, int threads) {
-    if (hkv <= 0 || hq % hkv || hq / hkv > 64 || d <= 0 || d > DMAX || n <= 0 || P < 0) return -2;
-    if (!mask) W = 0;
+   tail). qn, kvn (each of k and v), maskn, outn: the floats each buffer holds from its pointer on, checked before
+   anything is read. 0; -1 when scratch memory could not be had; -2 for a shape it does not take (more than 64
+   query heads a key head, heads over DMAX wide, a row with no keys); -3 for sizes that do not fit the buffers. */
+int row_attn(const float *q, idx qn, idx n, idx hq, idx hkv, idx d, const float *k, const float *v, idx kvn,
+             idx hs, idx P, const float *mask, idx maskn, idx W, idx ms, float scale, float *out, idx outn,
+             int threads) {
+    if (!mask) W = 0, ms = 0, maskn = 0;
+    if (n <= 0 || hq <= 0 || P < 0 || W < 0 || ms < 0 || hs < 0 || P > INT32_MAX - W || n > INT32_MAX)
+        return -3;
+    if (hkv <= 0 || hq % hkv || hq / hkv > 64 || d <= 0 || d > DMAX) return -2;
+    /* q and out: n x hq x d; each cache head g reads rows 0..P+W-1 from g x hs on; mask row i: W from i x ms on */
+    if (!q || !k || !v || !out || !fits(n, hq, d, qn) || !fits(n, hq, d, outn) || !fits(P + W, d, 1, kvn)
+        || !fits(hkv - 1, hs, 1, kvn - (P + W) * d) || (W && (maskn < W || !fits(n - 1, ms, 1, maskn - W))))
+        return -3;
     int32_t *tl = malloc(sizeof(int32_t) * (size_t)(n * W) + 4), *tlen = malloc(sizeof(int32_t) * (size_t)n + 4);
     if (!tl || !tlen) { free(tl); free(tlen); return -1; }
+    idx Tmax = 0;
     for (idx i = 0; i < n; i++) {
         idx T = 0;
         for (idx c = 0; c < W; c++) if (mask[i * ms + c] == 0.0f) tl[i * W + T++] = (int32_t)(P + c);
         tlen[i] = (int32_t)T;
         if (P + T == 0) { free(tl); free(tlen); return -2; }
+        if (T > Tmax) Tmax = T;
     }
     idx G = hq / hkv, blocks = (n + RB - 1) / RB, tasks = hkv * blocks, dc = (d + LN - 1) / LN;
+    /* every task's scratch fits the largest: a score row of Lmax >= Ls (a task's own row stride, P + its longest
+       tail, rounded up, and one more vector), up to RB rows x G heads of them; vr and zeros take Lmax >= P, T */
+    idx Lmax = (P + Tmax + LN - 1) / LN * LN + LN, U = (n < RB ? n : RB) * G;
     int failed = 0;
 #ifdef _OPENMP
-    #pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1)
+    #pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1 && tasks > 1)
 #endif
     {
         float *kt = malloc(sizeof(float) * (size_t)(d * LN) + 4);
         v16 *A = aligned_alloc(64, sizeof(v16) * (size_t)(RB * G * dc));
-        float *sc = NULL, *zeros = NULL;
-        const float **vr = NULL;
-        idx have = 0;
-        if (!kt || !A) failed = 1;
+        float *sc = malloc(sizeof(float) * (size_t)(Lmax * U) + 4), *zeros = calloc((size_t)Lmax, sizeof(float));
+        const float **vr = malloc(sizeof(float *) * (size_t)Lmax);
+        if (!kt || !A || !sc || !zeros || !vr) failed = 1;
 #ifdef _OPENMP
         #pragma omp for schedule(dynamic)
 #endif
@@ -275,14 +294,6 @@ int row_attn(const float *q, idx n, idx hq, idx hkv, idx d, const float *k, cons
             idx g = x / blocks, r0 = (x % blocks) * RB, rows = n - r0 < RB ? n - r0 : RB, T = 0;
             for (idx r = 0; r < rows; r++) if (tlen[r0 + r] > T) T = tlen[r0 + r];
             idx Ls = (P + T + LN - 1) / LN * LN + LN;
-            if (Ls * rows * G > have) {
-                free(sc); free(zeros); free(vr);
-                have = Ls * rows * G;
-                sc = malloc(sizeof(float) * (size_t)have + 4);
-                zeros = calloc((size_t)Ls, sizeof(float));
-                vr = malloc(sizeof(float *) * (size_t)Ls);
-                if (!sc || !zeros || !vr) { failed = 1; have = 0; continue; }
-            }
             task(q, n, hq, d, G, g, r0, rows, k + g * hs, v + g * hs, P, tl, tlen, W, scale, out, sc, Ls, kt, A,
                  vr, zeros);
         }

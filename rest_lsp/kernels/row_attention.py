@@ -32,6 +32,7 @@ import logging
 
 import torch
 
+from rest_lsp.kernels.buffers import extent, outcome
 from rest_lsp.kernels.loader import Kernel, register
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,9 @@ LIBS = ("-lm",)  # fmaf, where the target has no fused multiply-add
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     ll, vp = ctypes.c_longlong, ctypes.c_void_p
-    lib.row_attn.argtypes = [vp, ll, ll, ll, ll, vp, vp, ll, ll, vp, ll, ll, ctypes.c_float, vp, ctypes.c_int]
+    # q, qn, n, hq, hkv, d, k, v, kvn, hs, P, mask, maskn, W, ms, scale, out, outn, threads
+    lib.row_attn.argtypes = [vp, ll, ll, ll, ll, ll, vp, vp, ll, ll, ll, vp, ll, ll, ll, ctypes.c_float, vp, ll,
+                             ctypes.c_int]
     lib.row_attn.restype = ctypes.c_int
     lib.row_attn_threaded.restype = ctypes.c_int
     return lib
@@ -108,30 +111,30 @@ def row_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int, mask:
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the row-exact attention kernel is not available on this machine")
+    if q.dim() != 3 or k.dim() != 3:
+        raise ValueError(f"row_attn: q {list(q.shape)} and the caches {list(k.shape)} must have 3 dimensions")
     q = q.contiguous()
     hq, n, d = q.shape
     hkv = k.shape[0]
     if mask is not None and mask.stride(-1) != 1:
         mask = mask.contiguous()
-    if (q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32 or k.dim() != 3
+    if (q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32
             or k.shape != v.shape or k.stride() != v.stride() or k.shape[2] != d or k.stride(2) != 1
-            or k.stride(1) != d or hkv == 0 or hq % hkv or not (q.is_cpu and k.is_cpu and v.is_cpu)
-            or keys > k.shape[1] or mask_from > keys
+            or k.stride(1) != d or k.stride(0) < 0 or hkv == 0 or hq % hkv or not (q.is_cpu and k.is_cpu and v.is_cpu)
+            or not 0 <= mask_from <= keys <= k.shape[1]
             or (mask is not None and (mask.dtype != torch.float32 or mask.dim() != 2 or mask.shape[0] != n
-                                      or mask.shape[1] != keys - mask_from or not mask.is_cpu))):
+                                      or mask.shape[1] != keys - mask_from or mask.stride(0) < 0
+                                      or not mask.is_cpu))):
         raise ValueError(f"row_attn: q {list(q.shape)} {q.dtype} does not fit caches {list(k.shape)} {k.dtype}, "
                          f"{keys} keys" + ("" if mask is None else f", mask {list(mask.shape)} from {mask_from}"))
     out = torch.empty(n, hq * d, dtype=torch.float32)
     if n:
-        rc = lib.row_attn(q.data_ptr(), n, hq, hkv, d, k.data_ptr(), v.data_ptr(), k.stride(0),
-                          keys if mask is None else mask_from, None if mask is None else mask.data_ptr(),
+        rc = lib.row_attn(q.data_ptr(), extent(q), n, hq, hkv, d, k.data_ptr(), v.data_ptr(),
+                          min(extent(k), extent(v)), k.stride(0), keys if mask is None else mask_from,
+                          None if mask is None else mask.data_ptr(), 0 if mask is None else extent(mask),
                           0 if mask is None else mask.shape[1], 0 if mask is None else mask.stride(0), scale,
-                          out.data_ptr(), torch.get_num_threads())
-        if rc == -1:
-            raise MemoryError("row_attn: no scratch memory")
-        if rc != 0:
-            raise ValueError("row_attn: a row with no keys, more than 64 query heads a key head, or heads over "
-                             "1024 wide")
+                          out.data_ptr(), out.numel(), torch.get_num_threads())
+        outcome("row_attn", rc, "a row with no keys, more than 64 query heads a key head, or heads over 1024 wide")
     return out
 
 

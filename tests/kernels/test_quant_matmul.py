@@ -49,8 +49,8 @@ def test_the_kernels_row_quantization_is_the_documented_one():
     x[1, 32:40] = torch.tensor([127.0, 2.5, -3.5, 0.5, -0.5, 1.5, -126.5, 64.5])  # d = 1: ties, to even
     x[1, 40:64] = 0
     nb = 3
-    xq, xd, xs = torch.empty(5, nb, 32, dtype=torch.int8), torch.empty(5, nb), torch.empty(5, nb, dtype=torch.int32)
-    lib.quant_rows(x.data_ptr(), 5, 70, xq.data_ptr(), xd.data_ptr(), xs.data_ptr())
+    xq, xd, xs = quant_matmul.rows(x, lib)
+    assert xq.shape == (5, nb, 32) and xd.shape == (5, nb) and xs.shape == (5, nb)
     want_q, want_d = quant_matmul.quantize_rows(x)
     assert torch.equal(xq, want_q) and torch.equal(xd, want_d)
     assert torch.equal(xs, want_q.int().sum(-1)) and xq.abs().max() == 127
@@ -167,8 +167,7 @@ def with_amx():
 
 def ran_on_amx(lib, x, panels, n, bits):
     """Whether the library ran this call's rows on its AMX tiles (quant_mm's return: 1 on them, 0 not)."""
-    y = torch.empty(x.shape[0], n)
-    ran = lib.quant_mm(x.data_ptr(), x.shape[0], x.shape[1], panels.data_ptr(), n, bits, None, y.data_ptr(), 1)
+    ran = quant_matmul.call(lib, x, panels, n, bits, None, torch.empty(x.shape[0], n), 1)
     assert ran in (0, 1)
     return ran == 1
 
