@@ -72,6 +72,142 @@ INLINE float lanesum(v16 a) {
     return t[0];
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* AVX2: the same per-lane operations on pairs of 8-float registers (a 16-lane vector does not fit one, and GCC
+   lowers the 16-lane shuffles and wide register blocks to scalar code and spills). Only the data movement and the
+   blocking differ: which queries, keys and lanes are computed together never changes a lane's chain. */
+#define QS 4  /* queries a score block: 2 * QS accumulators + a key pair + a weight in 16 registers */
+#define QV 4  /* queries a value block, each a 16-float chunk in two registers */
+#define VBYTES 16384  /* the value rows a j-block reads (kept in L1 for every query of the block) */
+
+/* kt [d][16] = the rows rp[0..16) transposed (lanes past c: scores never read), in 8 x 8 tiles */
+static void transpose(const float *const *rp, idx c, idx d, float *kt) {
+    idx e0 = 0;
+    for (; e0 + 8 <= d; e0 += 8)
+        for (int h = 0; h < LN; h += 8) {  /* the rows past c repeat row 0 */
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(rp[h + i] + e0);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(kt + (e0 + i) * LN + h, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+                _mm256_storeu_ps(kt + (e0 + i + 4) * LN + h, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+            }
+        }
+    for (idx jj = 0; jj < LN; jj++)
+        for (idx e = e0; e < d; e++) kt[e * LN + jj] = jj < c ? rp[jj][e] : 0.0f;
+}
+
+/* Q queries' scores of one transposed block: per key a chain over d, s = s + q[d] * k[d], then times the scale */
+INLINE void scores_q(const float *const *qq, float *const *dd, const float *kt, idx d, float scale, const int Q) {
+    __m256 a[2 * QS];
+    for (int x = 0; x < 2 * Q; x++) a[x] = _mm256_setzero_ps();
+    for (idx e = 0; e < d; e++) {
+        __m256 k0 = _mm256_loadu_ps(kt + e * LN), k1 = _mm256_loadu_ps(kt + e * LN + 8);
+        for (int x = 0; x < Q; x++) {
+            __m256 w = _mm256_broadcast_ss(qq[x] + e);
+            a[2 * x] = _mm256_fmadd_ps(w, k0, a[2 * x]);
+            a[2 * x + 1] = _mm256_fmadd_ps(w, k1, a[2 * x + 1]);
+        }
+    }
+    __m256 s = _mm256_set1_ps(scale);
+    for (int x = 0; x < Q; x++) {
+        _mm256_storeu_ps(dd[x], _mm256_mul_ps(a[2 * x], s));
+        _mm256_storeu_ps(dd[x] + 8, _mm256_mul_ps(a[2 * x + 1], s));
+    }
+}
+
+/* U queries in the fewest blocks of at most `most`, as even as they go: their number, their sizes in size[] */
+static idx blocks_of(idx U, idx most, idx *size) {
+    idx count = (U + most - 1) / most;
+    for (idx b = 0; b < count; b++) size[b] = U / count + (b < U % count);
+    return count;
+}
+
+/* the scores of one transposed block of 16 keys for U queries qs[u], into dst[u][0..16) */
+static void scores(const float *const *qs, float *const *dst, idx U, const float *kt, idx d, float scale) {
+    idx size[RB * 64], count = blocks_of(U, QS, size), u = 0;
+    for (idx b = 0; b < count; u += size[b++]) {
+        switch (size[b]) {
+        case 1: scores_q(qs + u, dst + u, kt, d, scale, 1); break;
+        case 2: scores_q(qs + u, dst + u, kt, d, scale, 2); break;
+        case 3: scores_q(qs + u, dst + u, kt, d, scale, 3); break;
+        default: scores_q(qs + u, dst + u, kt, d, scale, 4); break;
+        }
+    }
+}
+
+/* Q queries' accumulators for chunk c (16 lanes of d; `part`: fewer than 16 left, the rest loaded as zeros, never
+   stored to the output): a = a + p[j] * v_j for j in j0..j1, in order */
+INLINE void values_q(const float *const *pp, v16 *const *aa, idx c, const float *const *vr, idx j0, idx j1,
+                     __m256i m0, __m256i m1, const int Q, const int part) {
+    __m256 a[2 * QV];
+    for (int x = 0; x < Q; x++) {
+        a[2 * x] = _mm256_loadu_ps((const float *)(aa[x] + c));
+        a[2 * x + 1] = _mm256_loadu_ps((const float *)(aa[x] + c) + 8);
+    }
+    for (idx j = j0; j < j1; j++) {
+        const float *v = vr[j] + c * LN;
+        __m256 v0 = part ? _mm256_maskload_ps(v, m0) : _mm256_loadu_ps(v);
+        __m256 v1 = part ? _mm256_maskload_ps(v + 8, m1) : _mm256_loadu_ps(v + 8);
+        for (int x = 0; x < Q; x++) {
+            __m256 w = _mm256_broadcast_ss(pp[x] + j);
+            a[2 * x] = _mm256_fmadd_ps(w, v0, a[2 * x]);
+            a[2 * x + 1] = _mm256_fmadd_ps(w, v1, a[2 * x + 1]);
+        }
+    }
+    for (int x = 0; x < Q; x++) {
+        _mm256_storeu_ps((float *)(aa[x] + c), a[2 * x]);
+        _mm256_storeu_ps((float *)(aa[x] + c) + 8, a[2 * x + 1]);
+    }
+}
+
+#define VALUES_Q(Q, part) values_q(ps + u, acc + u, c, vr, j0, j1, m0, m1, Q, part)
+/* acc[u][c] = acc[u][c] + p[u][j] * v_j[c] for j in 0..J (value rows vr[j]), u in 0..U, the chunks c of d: per
+   (u, lane) a chain over j in order. The value rows in j-blocks that stay in L1 while every query block reads
+   them (the chains resume where the last block left them). */
+static void values(const float *const *ps, v16 *const *acc, idx U, const float *const *vr, idx J, idx d,
+                   const float *zeros) {
+    idx dc = (d + LN - 1) / LN, JB = VBYTES / (d * (idx)sizeof(float)), size[RB * 64];
+    idx count = blocks_of(U, QV, size);
+    if (JB < 16) JB = 16;
+    (void)zeros;
+    for (idx j0 = 0; j0 < J; j0 += JB) {
+        idx j1 = J - j0 < JB ? J : j0 + JB, u = 0;
+        for (idx b = 0; b < count; u += size[b++])
+            for (idx c = 0; c < dc; c++) {
+                idx nn = d - c * LN < LN ? d - c * LN : LN;
+                __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nn), lane);
+                __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nn - 8), lane);
+                if (nn == LN) {
+                    switch (size[b]) {
+                    case 1: VALUES_Q(1, 0); break;
+                    case 2: VALUES_Q(2, 0); break;
+                    case 3: VALUES_Q(3, 0); break;
+                    default: VALUES_Q(4, 0); break;
+                    }
+                } else {
+                    switch (size[b]) {
+                    case 1: VALUES_Q(1, 1); break;
+                    case 2: VALUES_Q(2, 1); break;
+                    case 3: VALUES_Q(3, 1); break;
+                    default: VALUES_Q(4, 1); break;
+                    }
+                }
+            }
+    }
+}
+#undef VALUES_Q
+#else
 /* kt [d][16] = the rows rp[0..16) transposed (lanes past c: scores never read); pure data movement, so no path
    changes a bit */
 static const v16i LO = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
@@ -168,6 +304,8 @@ static void values(const float *const *ps, v16 *const *acc, idx U, const float *
         }
     }
 }
+
+#endif
 
 static void task(const float *q, idx n, idx hq, idx d, idx G, idx g, idx r0, idx rows,
                  const float *K, const float *V, idx P, const int32_t *tl, const int32_t *tlen, idx W,
