@@ -43,26 +43,28 @@ INLINE v16 fma16(v16 a, v16 b, v16 c) {
 INLINE v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 /* exp(x) for x <= 0 (x below the clamp gives a tiny normal number): Cody-Waite reduction and a degree-five
-   polynomial, each multiply and add its own rounding, the same on every path */
-INLINE v16 vexp(v16 x) {
-    const v16 lo = splat(-87.0f);
-    v16i below = x < lo;
-    x = (v16)((below & (v16i)lo) | (~below & (v16i)x));
-    const float magic = 12582912.0f;
-    v16 kf = (x * 1.44269504088896341f + magic) - magic;
-    v16 r = x - kf * 0.693359375f;
-    r = r - kf * -2.12194440e-4f;
-    v16 p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    v16 y = p * (r * r) + r + 1.0f;
-    v16i k = __builtin_convertvector(kf, v16i);
-    v16 two = (v16)((k + 127) << 23);
-    return y * two;
-}
+   polynomial, each multiply and add its own rounding, the same on every path (one text for every width) */
+#define DEFINE_VEXP(name, vf, vi, sp)                                                                              \
+    INLINE vf name(vf x) {                                                                                         \
+        const vf lo = sp(-87.0f);                                                                                  \
+        vi below = x < lo;                                                                                         \
+        x = (vf)((below & (vi)lo) | (~below & (vi)x));                                                             \
+        const float magic = 12582912.0f;                                                                           \
+        vf kf = (x * 1.44269504088896341f + magic) - magic;                                                        \
+        vf r = x - kf * 0.693359375f;                                                                              \
+        r = r - kf * -2.12194440e-4f;                                                                              \
+        vf p = sp(1.9875691500e-4f);                                                                               \
+        p = p * r + 1.3981999507e-3f;                                                                              \
+        p = p * r + 8.3334519073e-3f;                                                                              \
+        p = p * r + 4.1665795894e-2f;                                                                              \
+        p = p * r + 1.6666665459e-1f;                                                                              \
+        p = p * r + 5.0000001201e-1f;                                                                              \
+        vf y = p * (r * r) + r + 1.0f;                                                                             \
+        vi k = __builtin_convertvector(kf, vi);                                                                    \
+        vf two = (vf)((k + 127) << 23);                                                                            \
+        return y * two;                                                                                            \
+    }
+DEFINE_VEXP(vexp, v16, v16i, splat)
 
 INLINE float lanesum(v16 a) {
     float t[LN];
@@ -207,6 +209,53 @@ static void values(const float *const *ps, v16 *const *acc, idx U, const float *
     }
 }
 #undef VALUES_Q
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+INLINE v8 splat8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+DEFINE_VEXP(vexp8, v8, v8i, splat8)
+
+/* s[0..L) = exp(s_j - m), m their exact maximum (the lanes up to the next 16 zeros); their sum in 16 lanes by
+   j mod 16 (lanes 0..8 and 8..16 a register each), then the lanes pairwise */
+static float weights(float *s, idx L) {
+    __m256 m0 = _mm256_set1_ps(s[0]), m1 = m0;  /* the maximum: exact in any order */
+    idx j = 0;
+    for (; j + LN <= L; j += LN) {  /* x > m ? x : m */
+        m0 = _mm256_max_ps(_mm256_loadu_ps(s + j), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(s + j + 8), m1);
+    }
+    float m = s[0], t[LN];
+    _mm256_storeu_ps(t, m0);
+    _mm256_storeu_ps(t + 8, m1);
+    for (int x = 0; x < LN; x++) if (t[x] > m) m = t[x];
+    for (; j < L; j++) if (s[j] > m) m = s[j];
+    idx Lr = (L + LN - 1) / LN * LN;
+    for (idx j = L; j < Lr; j++) s[j] = m;
+    for (idx j0 = 0; j0 < Lr; j0 += 8) {
+        v8 x;
+        memcpy(&x, s + j0, sizeof x);
+        x = vexp8(x - m);
+        memcpy(s + j0, &x, sizeof x);
+    }
+    for (idx j = L; j < Lr; j++) s[j] = 0.0f;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    for (idx j0 = 0; j0 < Lr; j0 += LN) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(s + j0));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(s + j0 + 8));
+    }
+    _mm256_storeu_ps(t, a0);
+    _mm256_storeu_ps(t + 8, a1);
+    return lanesum(ld(t));
+}
+
+/* o[0..d) = the accumulators' lanes a[0..) divided by the sum */
+static void divided(float *o, const v16 *a, float sum, idx d) {
+    const float *f = (const float *)a;
+    __m256 s = _mm256_set1_ps(sum);
+    idx e = 0;
+    for (; e + 8 <= d; e += 8) _mm256_storeu_ps(o + e, _mm256_div_ps(_mm256_loadu_ps(f + e), s));
+    for (; e < d; e++) o[e] = f[e] / sum;
+}
 #else
 /* kt [d][16] = the rows rp[0..16) transposed (lanes past c: scores never read); pure data movement, so no path
    changes a bit */
@@ -305,6 +354,36 @@ static void values(const float *const *ps, v16 *const *acc, idx U, const float *
     }
 }
 
+/* s[0..L) = exp(s_j - m), m their exact maximum (the lanes up to the next 16 zeros); their sum in 16 lanes by
+   j mod 16, then the lanes pairwise */
+static float weights(float *s, idx L) {
+    v16 mv = splat(s[0]);  /* the maximum: exact in any order */
+    idx j = 0;
+    for (; j + LN <= L; j += LN) {
+        v16 x = ld(s + j);
+        v16i more = x > mv;
+        mv = (v16)((more & (v16i)x) | (~more & (v16i)mv));
+    }
+    float m = s[0], t[LN];
+    st(t, mv);
+    for (int x = 0; x < LN; x++) if (t[x] > m) m = t[x];
+    for (; j < L; j++) if (s[j] > m) m = s[j];
+    idx Lr = (L + LN - 1) / LN * LN;
+    for (idx j = L; j < Lr; j++) s[j] = m;
+    v16 a = {0};
+    for (idx j0 = 0; j0 < Lr; j0 += LN) st(s + j0, vexp(ld(s + j0) - m));
+    for (idx j = L; j < Lr; j++) s[j] = 0.0f;
+    for (idx j0 = 0; j0 < Lr; j0 += LN) a = a + ld(s + j0);
+    return lanesum(a);
+}
+
+/* o[0..d) = the accumulators' chunks a[0..) divided by the sum */
+static void divided(float *o, const v16 *a, float sum, idx d) {
+    for (idx c = 0; c * LN < d; c++) {
+        idx cnt = d - c * LN < LN ? d - c * LN : LN;
+        stn(o + c * LN, a[c] / splat(sum), cnt);
+    }
+}
 #endif
 
 static void task(const float *q, idx n, idx hq, idx d, idx G, idx g, idx r0, idx rows,
@@ -336,28 +415,7 @@ static void task(const float *q, idx n, idx hq, idx d, idx G, idx g, idx r0, idx
     }
     /* softmax weights (unnormalised) and their sums */
     float sums[RB * 64];
-    for (idx u = 0; u < U; u++) {
-        idx i = r0 + u / G, L = P + tlen[i];
-        float *s = sc + u * Ls;
-        v16 mv = splat(s[0]);  /* the maximum: exact in any order */
-        idx j = 0;
-        for (; j + LN <= L; j += LN) {
-            v16 x = ld(s + j);
-            v16i more = x > mv;
-            mv = (v16)((more & (v16i)x) | (~more & (v16i)mv));
-        }
-        float m = s[0], t[LN];
-        st(t, mv);
-        for (int x = 0; x < LN; x++) if (t[x] > m) m = t[x];
-        for (; j < L; j++) if (s[j] > m) m = s[j];
-        idx Lr = (L + LN - 1) / LN * LN;
-        for (idx j = L; j < Lr; j++) s[j] = m;
-        v16 a = {0};
-        for (idx j0 = 0; j0 < Lr; j0 += LN) st(s + j0, vexp(ld(s + j0) - m));
-        for (idx j = L; j < Lr; j++) s[j] = 0.0f;
-        for (idx j0 = 0; j0 < Lr; j0 += LN) a = a + ld(s + j0);
-        sums[u] = lanesum(a);
-    }
+    for (idx u = 0; u < U; u++) sums[u] = weights(sc + u * Ls, P + tlen[r0 + u / G]);
     /* values: the shared rows for every query of the task, then each row's tail */
     for (idx x = 0; x < U * dc; x++) A[x] = (v16){0};
     for (idx u = 0; u < U; u++) { ps[u] = sc + u * Ls; acc[u] = A + u * dc; }
@@ -371,10 +429,7 @@ static void task(const float *q, idx n, idx hq, idx d, idx G, idx g, idx r0, idx
     }
     for (idx u = 0; u < U; u++) {
         idx i = r0 + u / G, h = g * G + u % G;
-        for (idx c = 0; c < dc; c++) {
-            idx cnt = d - c * LN < LN ? d - c * LN : LN;
-            stn(out + (i * hq + h) * d + c * LN, A[u * dc + c] / splat(sums[u]), cnt);
-        }
+        divided(out + (i * hq + h) * d, A + u * dc, sums[u], d);
     }
 }
 
