@@ -78,8 +78,9 @@ INLINE float lanesum(v16 a) {
 /* AVX2: the same per-lane operations on pairs of 8-float registers (a 16-lane vector does not fit one, and GCC
    lowers the 16-lane shuffles and wide register blocks to scalar code and spills). Only the data movement and the
    blocking differ: which queries, keys and lanes are computed together never changes a lane's chain. */
-#define QS 4  /* queries a score block: 2 * QS accumulators + a key pair + a weight in 16 registers */
+#define QS 6  /* queries a score block: 2 * QS accumulators + a key pair + a weight in 16 registers */
 #define QV 4  /* queries a value block, each a 16-float chunk in two registers */
+#define KAHEAD 2  /* key blocks of 16 rows a transpose prefetches ahead */
 #define VBYTES 16384  /* the value rows a j-block reads (kept in L1 for every query of the block) */
 
 /* kt [d][16] = the rows rp[0..16) transposed (lanes past c: scores never read), in 8 x 8 tiles */
@@ -89,6 +90,10 @@ static void transpose(const float *const *rp, idx c, idx d, float *kt) {
         for (int h = 0; h < LN; h += 8) {  /* the rows past c repeat row 0 */
             __m256 r[8], t[8], u[8];
             for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(rp[h + i] + e0);
+            if (!(e0 & 15))  /* once a line: the row KAHEAD blocks on (a guess for a tail's rows; never faults) */
+                for (int i = 0; i < 8; i++)
+                    _mm_prefetch((const char *)((uintptr_t)(rp[h + i] + e0) + KAHEAD * LN * d * sizeof(float)),
+                                 _MM_HINT_T0);
             for (int i = 0; i < 8; i += 2) {
                 t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
                 t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -138,19 +143,21 @@ static idx blocks_of(idx U, idx most, idx *size) {
 static void scores(const float *const *qs, float *const *dst, idx U, const float *kt, idx d, float scale) {
     idx size[RB * 64], count = blocks_of(U, QS, size), u = 0;
     for (idx b = 0; b < count; u += size[b++]) {
-        switch (size[b]) {
+        switch (size[b]) {  /* a constant block size: the accumulators stay in registers */
         case 1: scores_q(qs + u, dst + u, kt, d, scale, 1); break;
         case 2: scores_q(qs + u, dst + u, kt, d, scale, 2); break;
         case 3: scores_q(qs + u, dst + u, kt, d, scale, 3); break;
-        default: scores_q(qs + u, dst + u, kt, d, scale, 4); break;
+        case 4: scores_q(qs + u, dst + u, kt, d, scale, 4); break;
+        case 5: scores_q(qs + u, dst + u, kt, d, scale, 5); break;
+        default: scores_q(qs + u, dst + u, kt, d, scale, 6); break;
         }
     }
 }
 
 /* Q queries' accumulators for chunk c (16 lanes of d; `part`: fewer than 16 left, the rest loaded as zeros, never
-   stored to the output): a = a + p[j] * v_j for j in j0..j1, in order */
+   stored to the output): a = a + p[j] * v_j for j in j0..j1, in order; row j + ahead fetched meanwhile */
 INLINE void values_q(const float *const *pp, v16 *const *aa, idx c, const float *const *vr, idx j0, idx j1,
-                     __m256i m0, __m256i m1, const int Q, const int part) {
+                     idx J, idx ahead, __m256i m0, __m256i m1, const int Q, const int part) {
     __m256 a[2 * QV];
     for (int x = 0; x < Q; x++) {
         a[2 * x] = _mm256_loadu_ps((const float *)(aa[x] + c));
@@ -158,6 +165,7 @@ INLINE void values_q(const float *const *pp, v16 *const *aa, idx c, const float 
     }
     for (idx j = j0; j < j1; j++) {
         const float *v = vr[j] + c * LN;
+        _mm_prefetch((const char *)(vr[j + ahead < J ? j + ahead : j] + c * LN), _MM_HINT_T0);
         __m256 v0 = part ? _mm256_maskload_ps(v, m0) : _mm256_loadu_ps(v);
         __m256 v1 = part ? _mm256_maskload_ps(v + 8, m1) : _mm256_loadu_ps(v + 8);
         for (int x = 0; x < Q; x++) {
@@ -172,7 +180,7 @@ INLINE void values_q(const float *const *pp, v16 *const *aa, idx c, const float 
     }
 }
 
-#define VALUES_Q(Q, part) values_q(ps + u, acc + u, c, vr, j0, j1, m0, m1, Q, part)
+#define VALUES_Q(Q, part) values_q(ps + u, acc + u, c, vr, j0, j1, J, JB, m0, m1, Q, part)
 /* acc[u][c] = acc[u][c] + p[u][j] * v_j[c] for j in 0..J (value rows vr[j]), u in 0..U, the chunks c of d: per
    (u, lane) a chain over j in order. The value rows in j-blocks that stay in L1 while every query block reads
    them (the chains resume where the last block left them). */
@@ -229,19 +237,26 @@ static float weights(float *s, idx L) {
     _mm256_storeu_ps(t + 8, m1);
     for (int x = 0; x < LN; x++) if (t[x] > m) m = t[x];
     for (; j < L; j++) if (s[j] > m) m = s[j];
-    idx Lr = (L + LN - 1) / LN * LN;
+    idx Lr = (L + LN - 1) / LN * LN, j0 = 0;
     for (idx j = L; j < Lr; j++) s[j] = m;
-    for (idx j0 = 0; j0 < Lr; j0 += 8) {
-        v8 x;
-        memcpy(&x, s + j0, sizeof x);
-        x = vexp8(x - m);
-        memcpy(s + j0, &x, sizeof x);
-    }
-    for (idx j = L; j < Lr; j++) s[j] = 0.0f;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    for (idx j0 = 0; j0 < Lr; j0 += LN) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(s + j0));
-        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(s + j0 + 8));
+    for (; j0 < Lr; j0 += LN) {  /* the weights of the lanes past L are zeros: stored and added as such */
+        v8 x0, x1;
+        memcpy(&x0, s + j0, sizeof x0);
+        memcpy(&x1, s + j0 + 8, sizeof x1);
+        x0 = vexp8(x0 - m);
+        x1 = vexp8(x1 - m);
+        if (j0 + LN > L) {
+            __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            __m256i k0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(L - j0)), lane);
+            __m256i k1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(L - j0 - 8)), lane);
+            x0 = (v8)_mm256_and_ps((__m256)x0, _mm256_castsi256_ps(k0));
+            x1 = (v8)_mm256_and_ps((__m256)x1, _mm256_castsi256_ps(k1));
+        }
+        memcpy(s + j0, &x0, sizeof x0);
+        memcpy(s + j0 + 8, &x1, sizeof x1);
+        a0 = _mm256_add_ps(a0, (__m256)x0);
+        a1 = _mm256_add_ps(a1, (__m256)x1);
     }
     _mm256_storeu_ps(t, a0);
     _mm256_storeu_ps(t + 8, a1);
