@@ -43,26 +43,28 @@ INLINE v16 fma16(v16 a, v16 b, v16 c) {
 INLINE v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 /* exp(x) for x <= 0 (x below the clamp gives a tiny normal number): Cody-Waite reduction and a degree-five
-   polynomial, each multiply and add its own rounding, the same on every path */
-INLINE v16 vexp(v16 x) {
-    const v16 lo = splat(-87.0f);
-    v16i below = x < lo;
-    x = (v16)((below & (v16i)lo) | (~below & (v16i)x));
-    const float magic = 12582912.0f;
-    v16 kf = (x * 1.44269504088896341f + magic) - magic;
-    v16 r = x - kf * 0.693359375f;
-    r = r - kf * -2.12194440e-4f;
-    v16 p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    v16 y = p * (r * r) + r + 1.0f;
-    v16i k = __builtin_convertvector(kf, v16i);
-    v16 two = (v16)((k + 127) << 23);
-    return y * two;
-}
+   polynomial, each multiply and add its own rounding, the same on every path (one text for every width) */
+#define DEFINE_VEXP(name, vf, vi, sp)                                                                              \
+    INLINE vf name(vf x) {                                                                                         \
+        const vf lo = sp(-87.0f);                                                                                  \
+        vi below = x < lo;                                                                                         \
+        x = (vf)((below & (vi)lo) | (~below & (vi)x));                                                             \
+        const float magic = 12582912.0f;                                                                           \
+        vf kf = (x * 1.44269504088896341f + magic) - magic;                                                        \
+        vf r = x - kf * 0.693359375f;                                                                              \
+        r = r - kf * -2.12194440e-4f;                                                                              \
+        vf p = sp(1.9875691500e-4f);                                                                               \
+        p = p * r + 1.3981999507e-3f;                                                                              \
+        p = p * r + 8.3334519073e-3f;                                                                              \
+        p = p * r + 4.1665795894e-2f;                                                                              \
+        p = p * r + 1.6666665459e-1f;                                                                              \
+        p = p * r + 5.0000001201e-1f;                                                                              \
+        vf y = p * (r * r) + r + 1.0f;                                                                             \
+        vi k = __builtin_convertvector(kf, vi);                                                                    \
+        vf two = (vf)((k + 127) << 23);                                                                            \
+        return y * two;                                                                                            \
+    }
+DEFINE_VEXP(vexp, v16, v16i, splat)
 
 INLINE float lanesum(v16 a) {
     float t[LN];
@@ -72,6 +74,204 @@ INLINE float lanesum(v16 a) {
     return t[0];
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* AVX2: the same per-lane operations on pairs of 8-float registers (a 16-lane vector does not fit one, and GCC
+   lowers the 16-lane shuffles and wide register blocks to scalar code and spills). Only the data movement and the
+   blocking differ: which queries, keys and lanes are computed together never changes a lane's chain. */
+#define QS 6  /* queries a score block: 2 * QS accumulators + a key pair + a weight in 16 registers */
+#define QV 4  /* queries a value block, each a 16-float chunk in two registers */
+#define KAHEAD 2  /* key blocks of 16 rows a transpose prefetches ahead */
+#define VBYTES 16384  /* the value rows a j-block reads (kept in L1 for every query of the block) */
+
+/* kt [d][16] = the rows rp[0..16) transposed (lanes past c: scores never read), in 8 x 8 tiles */
+static void transpose(const float *const *rp, idx c, idx d, float *kt) {
+    idx e0 = 0;
+    for (; e0 + 8 <= d; e0 += 8)
+        for (int h = 0; h < LN; h += 8) {  /* the rows past c repeat row 0 */
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(rp[h + i] + e0);
+            if (!(e0 & 15))  /* once a line: the row KAHEAD blocks on (a guess for a tail's rows; never faults) */
+                for (int i = 0; i < 8; i++)
+                    _mm_prefetch((const char *)((uintptr_t)(rp[h + i] + e0) + KAHEAD * LN * d * sizeof(float)),
+                                 _MM_HINT_T0);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(kt + (e0 + i) * LN + h, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+                _mm256_storeu_ps(kt + (e0 + i + 4) * LN + h, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+            }
+        }
+    for (idx jj = 0; jj < LN; jj++)
+        for (idx e = e0; e < d; e++) kt[e * LN + jj] = jj < c ? rp[jj][e] : 0.0f;
+}
+
+/* Q queries' scores of one transposed block: per key a chain over d, s = s + q[d] * k[d], then times the scale */
+INLINE void scores_q(const float *const *qq, float *const *dd, const float *kt, idx d, float scale, const int Q) {
+    __m256 a[2 * QS];
+    for (int x = 0; x < 2 * Q; x++) a[x] = _mm256_setzero_ps();
+    for (idx e = 0; e < d; e++) {
+        __m256 k0 = _mm256_loadu_ps(kt + e * LN), k1 = _mm256_loadu_ps(kt + e * LN + 8);
+        for (int x = 0; x < Q; x++) {
+            __m256 w = _mm256_broadcast_ss(qq[x] + e);
+            a[2 * x] = _mm256_fmadd_ps(w, k0, a[2 * x]);
+            a[2 * x + 1] = _mm256_fmadd_ps(w, k1, a[2 * x + 1]);
+        }
+    }
+    __m256 s = _mm256_set1_ps(scale);
+    for (int x = 0; x < Q; x++) {
+        _mm256_storeu_ps(dd[x], _mm256_mul_ps(a[2 * x], s));
+        _mm256_storeu_ps(dd[x] + 8, _mm256_mul_ps(a[2 * x + 1], s));
+    }
+}
+
+/* U queries in the fewest blocks of at most `most`, as even as they go: their number, their sizes in size[] */
+static idx blocks_of(idx U, idx most, idx *size) {
+    idx count = (U + most - 1) / most;
+    for (idx b = 0; b < count; b++) size[b] = U / count + (b < U % count);
+    return count;
+}
+
+/* the scores of one transposed block of 16 keys for U queries qs[u], into dst[u][0..16) */
+static void scores(const float *const *qs, float *const *dst, idx U, const float *kt, idx d, float scale) {
+    idx size[RB * 64], count = blocks_of(U, QS, size), u = 0;
+    for (idx b = 0; b < count; u += size[b++]) {
+        switch (size[b]) {  /* a constant block size: the accumulators stay in registers */
+        case 1: scores_q(qs + u, dst + u, kt, d, scale, 1); break;
+        case 2: scores_q(qs + u, dst + u, kt, d, scale, 2); break;
+        case 3: scores_q(qs + u, dst + u, kt, d, scale, 3); break;
+        case 4: scores_q(qs + u, dst + u, kt, d, scale, 4); break;
+        case 5: scores_q(qs + u, dst + u, kt, d, scale, 5); break;
+        default: scores_q(qs + u, dst + u, kt, d, scale, 6); break;
+        }
+    }
+}
+
+/* Q queries' accumulators for chunk c (16 lanes of d; `part`: fewer than 16 left, the rest loaded as zeros, never
+   stored to the output): a = a + p[j] * v_j for j in j0..j1, in order; row j + ahead fetched meanwhile */
+INLINE void values_q(const float *const *pp, v16 *const *aa, idx c, const float *const *vr, idx j0, idx j1,
+                     idx J, idx ahead, __m256i m0, __m256i m1, const int Q, const int part) {
+    __m256 a[2 * QV];
+    for (int x = 0; x < Q; x++) {
+        a[2 * x] = _mm256_loadu_ps((const float *)(aa[x] + c));
+        a[2 * x + 1] = _mm256_loadu_ps((const float *)(aa[x] + c) + 8);
+    }
+    for (idx j = j0; j < j1; j++) {
+        const float *v = vr[j] + c * LN;
+        _mm_prefetch((const char *)(vr[j + ahead < J ? j + ahead : j] + c * LN), _MM_HINT_T0);
+        __m256 v0 = part ? _mm256_maskload_ps(v, m0) : _mm256_loadu_ps(v);
+        __m256 v1 = part ? _mm256_maskload_ps(v + 8, m1) : _mm256_loadu_ps(v + 8);
+        for (int x = 0; x < Q; x++) {
+            __m256 w = _mm256_broadcast_ss(pp[x] + j);
+            a[2 * x] = _mm256_fmadd_ps(w, v0, a[2 * x]);
+            a[2 * x + 1] = _mm256_fmadd_ps(w, v1, a[2 * x + 1]);
+        }
+    }
+    for (int x = 0; x < Q; x++) {
+        _mm256_storeu_ps((float *)(aa[x] + c), a[2 * x]);
+        _mm256_storeu_ps((float *)(aa[x] + c) + 8, a[2 * x + 1]);
+    }
+}
+
+#define VALUES_Q(Q, part) values_q(ps + u, acc + u, c, vr, j0, j1, J, JB, m0, m1, Q, part)
+/* acc[u][c] = acc[u][c] + p[u][j] * v_j[c] for j in 0..J (value rows vr[j]), u in 0..U, the chunks c of d: per
+   (u, lane) a chain over j in order. The value rows in j-blocks that stay in L1 while every query block reads
+   them (the chains resume where the last block left them). */
+static void values(const float *const *ps, v16 *const *acc, idx U, const float *const *vr, idx J, idx d,
+                   const float *zeros) {
+    idx dc = (d + LN - 1) / LN, JB = VBYTES / (d * (idx)sizeof(float)), size[RB * 64];
+    idx count = blocks_of(U, QV, size);
+    if (JB < 16) JB = 16;
+    (void)zeros;
+    for (idx j0 = 0; j0 < J; j0 += JB) {
+        idx j1 = J - j0 < JB ? J : j0 + JB, u = 0;
+        for (idx b = 0; b < count; u += size[b++])
+            for (idx c = 0; c < dc; c++) {
+                idx nn = d - c * LN < LN ? d - c * LN : LN;
+                __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nn), lane);
+                __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nn - 8), lane);
+                if (nn == LN) {
+                    switch (size[b]) {
+                    case 1: VALUES_Q(1, 0); break;
+                    case 2: VALUES_Q(2, 0); break;
+                    case 3: VALUES_Q(3, 0); break;
+                    default: VALUES_Q(4, 0); break;
+                    }
+                } else {
+                    switch (size[b]) {
+                    case 1: VALUES_Q(1, 1); break;
+                    case 2: VALUES_Q(2, 1); break;
+                    case 3: VALUES_Q(3, 1); break;
+                    default: VALUES_Q(4, 1); break;
+                    }
+                }
+            }
+    }
+}
+#undef VALUES_Q
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+INLINE v8 splat8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+DEFINE_VEXP(vexp8, v8, v8i, splat8)
+
+/* s[0..L) = exp(s_j - m), m their exact maximum (the lanes up to the next 16 zeros); their sum in 16 lanes by
+   j mod 16 (lanes 0..8 and 8..16 a register each), then the lanes pairwise */
+static float weights(float *s, idx L) {
+    __m256 m0 = _mm256_set1_ps(s[0]), m1 = m0;  /* the maximum: exact in any order */
+    idx j = 0;
+    for (; j + LN <= L; j += LN) {  /* x > m ? x : m */
+        m0 = _mm256_max_ps(_mm256_loadu_ps(s + j), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(s + j + 8), m1);
+    }
+    float m = s[0], t[LN];
+    _mm256_storeu_ps(t, m0);
+    _mm256_storeu_ps(t + 8, m1);
+    for (int x = 0; x < LN; x++) if (t[x] > m) m = t[x];
+    for (; j < L; j++) if (s[j] > m) m = s[j];
+    idx Lr = (L + LN - 1) / LN * LN, j0 = 0;
+    for (idx j = L; j < Lr; j++) s[j] = m;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    for (; j0 < Lr; j0 += LN) {  /* the weights of the lanes past L are zeros: stored and added as such */
+        v8 x0, x1;
+        memcpy(&x0, s + j0, sizeof x0);
+        memcpy(&x1, s + j0 + 8, sizeof x1);
+        x0 = vexp8(x0 - m);
+        x1 = vexp8(x1 - m);
+        if (j0 + LN > L) {
+            __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            __m256i k0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(L - j0)), lane);
+            __m256i k1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(L - j0 - 8)), lane);
+            x0 = (v8)_mm256_and_ps((__m256)x0, _mm256_castsi256_ps(k0));
+            x1 = (v8)_mm256_and_ps((__m256)x1, _mm256_castsi256_ps(k1));
+        }
+        memcpy(s + j0, &x0, sizeof x0);
+        memcpy(s + j0 + 8, &x1, sizeof x1);
+        a0 = _mm256_add_ps(a0, (__m256)x0);
+        a1 = _mm256_add_ps(a1, (__m256)x1);
+    }
+    _mm256_storeu_ps(t, a0);
+    _mm256_storeu_ps(t + 8, a1);
+    return lanesum(ld(t));
+}
+
+/* o[0..d) = the accumulators' lanes a[0..) divided by the sum */
+static void divided(float *o, const v16 *a, float sum, idx d) {
+    const float *f = (const float *)a;
+    __m256 s = _mm256_set1_ps(sum);
+    idx e = 0;
+    for (; e + 8 <= d; e += 8) _mm256_storeu_ps(o + e, _mm256_div_ps(_mm256_loadu_ps(f + e), s));
+    for (; e < d; e++) o[e] = f[e] / sum;
+}
+#else
 /* kt [d][16] = the rows rp[0..16) transposed (lanes past c: scores never read); pure data movement, so no path
    changes a bit */
 static const v16i LO = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
@@ -169,6 +369,38 @@ static void values(const float *const *ps, v16 *const *acc, idx U, const float *
     }
 }
 
+/* s[0..L) = exp(s_j - m), m their exact maximum (the lanes up to the next 16 zeros); their sum in 16 lanes by
+   j mod 16, then the lanes pairwise */
+static float weights(float *s, idx L) {
+    v16 mv = splat(s[0]);  /* the maximum: exact in any order */
+    idx j = 0;
+    for (; j + LN <= L; j += LN) {
+        v16 x = ld(s + j);
+        v16i more = x > mv;
+        mv = (v16)((more & (v16i)x) | (~more & (v16i)mv));
+    }
+    float m = s[0], t[LN];
+    st(t, mv);
+    for (int x = 0; x < LN; x++) if (t[x] > m) m = t[x];
+    for (; j < L; j++) if (s[j] > m) m = s[j];
+    idx Lr = (L + LN - 1) / LN * LN;
+    for (idx j = L; j < Lr; j++) s[j] = m;
+    v16 a = {0};
+    for (idx j0 = 0; j0 < Lr; j0 += LN) st(s + j0, vexp(ld(s + j0) - m));
+    for (idx j = L; j < Lr; j++) s[j] = 0.0f;
+    for (idx j0 = 0; j0 < Lr; j0 += LN) a = a + ld(s + j0);
+    return lanesum(a);
+}
+
+/* o[0..d) = the accumulators' chunks a[0..) divided by the sum */
+static void divided(float *o, const v16 *a, float sum, idx d) {
+    for (idx c = 0; c * LN < d; c++) {
+        idx cnt = d - c * LN < LN ? d - c * LN : LN;
+        stn(o + c * LN, a[c] / splat(sum), cnt);
+    }
+}
+#endif
+
 static void task(const float *q, idx n, idx hq, idx d, idx G, idx g, idx r0, idx rows,
                  const float *K, const float *V, idx P, const int32_t *tl, const int32_t *tlen, idx W,
                  float scale, float *out, float *sc, idx Ls, float *kt, v16 *A, const float **vr, const float *zeros) {
@@ -198,28 +430,7 @@ static void task(const float *q, idx n, idx hq, idx d, idx G, idx g, idx r0, idx
     }
     /* softmax weights (unnormalised) and their sums */
     float sums[RB * 64];
-    for (idx u = 0; u < U; u++) {
-        idx i = r0 + u / G, L = P + tlen[i];
-        float *s = sc + u * Ls;
-        v16 mv = splat(s[0]);  /* the maximum: exact in any order */
-        idx j = 0;
-        for (; j + LN <= L; j += LN) {
-            v16 x = ld(s + j);
-            v16i more = x > mv;
-            mv = (v16)((more & (v16i)x) | (~more & (v16i)mv));
-        }
-        float m = s[0], t[LN];
-        st(t, mv);
-        for (int x = 0; x < LN; x++) if (t[x] > m) m = t[x];
-        for (; j < L; j++) if (s[j] > m) m = s[j];
-        idx Lr = (L + LN - 1) / LN * LN;
-        for (idx j = L; j < Lr; j++) s[j] = m;
-        v16 a = {0};
-        for (idx j0 = 0; j0 < Lr; j0 += LN) st(s + j0, vexp(ld(s + j0) - m));
-        for (idx j = L; j < Lr; j++) s[j] = 0.0f;
-        for (idx j0 = 0; j0 < Lr; j0 += LN) a = a + ld(s + j0);
-        sums[u] = lanesum(a);
-    }
+    for (idx u = 0; u < U; u++) sums[u] = weights(sc + u * Ls, P + tlen[r0 + u / G]);
     /* values: the shared rows for every query of the task, then each row's tail */
     for (idx x = 0; x < U * dc; x++) A[x] = (v16){0};
     for (idx u = 0; u < U; u++) { ps[u] = sc + u * Ls; acc[u] = A + u * dc; }
@@ -233,10 +444,7 @@ static void task(const float *q, idx n, idx hq, idx d, idx G, idx g, idx r0, idx
     }
     for (idx u = 0; u < U; u++) {
         idx i = r0 + u / G, h = g * G + u % G;
-        for (idx c = 0; c < dc; c++) {
-            idx cnt = d - c * LN < LN ? d - c * LN : LN;
-            stn(out + (i * hq + h) * d + c * LN, A[u * dc + c] / splat(sums[u]), cnt);
-        }
+        divided(out + (i * hq + h) * d, A + u * dc, sums[u], d);
     }
 }
 

@@ -19,8 +19,10 @@ bit what the row gives in a tree. The shared part is read once for all rows of a
 and blocks of rows by key head run on torch's OpenMP threads; neither changes a row's chain.
 
 One C source with GCC's vector types of 16 floats, each multiply and add rounded where the source says, the fused
-multiply-adds AVX-512's or AVX2's instruction or libm's fmaf (all round once): whatever the compiler targets
-(its level, levels.py), each lane's operations are the same IEEE ones, so the paths agree bit for bit
+multiply-adds AVX-512's or AVX2's instruction or libm's fmaf (all round once); the AVX2 build does the same
+operations on pairs of 8-float registers with its own transposes and blocking (GCC lowers 16-float shuffles to
+scalar code there). Whatever the compiler targets (its level, levels.py), each lane's operations are the same IEEE
+ones in the same order, so the paths agree bit for bit
 (tests/kernels/test_row_attention.py). The C is row_attention.c, built per level by loader.py's one path, checked
 against a float64 reference before use; `available()` is False where it cannot be built.
 """

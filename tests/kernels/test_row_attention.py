@@ -97,9 +97,11 @@ def test_a_row_is_the_same_bits_alone_or_in_a_tree(level, hq, hkv, d):
             assert torch.equal(split.view(hq, d), tree[i]), (trial, i)
 
 
-def test_every_path_computes_the_same_bits():
+@pytest.mark.parametrize("hq,hkv,d", SHAPES)
+def test_every_path_computes_the_same_bits(hq, hkv, d):
+    """Every level this CPU runs, the same bits: head sizes that fill the vectors and ones that leave a part."""
     gen = torch.Generator().manual_seed(3)
-    hq, hkv, d, past, n = 14, 2, 64, 133, 16
+    past, n = 133, 16
     k, v = caches(hkv, past + n, d, gen)
     q = torch.randn(hq, n, d, generator=gen) * 4
     mask = tree_mask(random_parents(n, gen))
