@@ -379,7 +379,7 @@ class Decoder:
             return ""
         from rest_lsp.kernels import quant_matmul
 
-        return quant_matmul.path_name()
+        return quant_matmul.path_name(quant_matmul.library(self.run.level or None))
 
     @property
     def engine(self) -> str:

@@ -142,38 +142,38 @@ def _weights(model: torch.nn.Module, name: str, rule: RunMode) -> tuple[torch.nn
 @torch.no_grad()  # not inference mode: the lean engine's fused weights become the model's own parameters
 def time_mode(model: torch.nn.Module, packing: str, rounds: int = ROUNDS) -> tuple[Timing, bool]:
     """(the medians of the lean engine's timings on `model`'s weights in `packing`, whether its rounds disagree by
-    more than NOISE_LIMIT). A step is the forward pass over its tokens and the head over their rows (as a tree
-    step's batched head call), on a cache of PREFILL random tokens."""
+    more than NOISE_LIMIT). The steps are timed by calibration's one step timer (`measure_step_times`: sizes taking
+    turns, a warm-up round dropped, each step run twice and the second timed); a step is the forward pass over its
+    tokens and the head over their rows, on a cache of PREFILL random tokens whose prefill is timed too."""
     from rest_lsp.engine.lean_llama import LeanLlama, unsupported
 
     if (why := unsupported(model)) is not None:
         raise ValueError(f"the lean engine does not run this model ({why})")
-    lean = LeanLlama(model, int(getattr(model.config, "max_position_embeddings", 2048) or 2048), pack=packing)
+    max_context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+    lean = LeanLlama(model, max_context, pack=packing)
     vocab = model.get_input_embeddings().num_embeddings
-    ids = torch.randint(0, vocab, (PREFILL + TREE,), generator=torch.Generator().manual_seed(0)).to(lean.device)
-    positions = torch.arange(PREFILL + TREE, device=lean.device)
+    prefills: list[float] = []
 
-    def step(k: int) -> float:
-        t = time.perf_counter()
-        lean.head(lean.forward(ids[PREFILL : PREFILL + k], positions[PREFILL : PREFILL + k], cache))
-        elapsed = (time.perf_counter() - t) * 1e3
-        cache.crop(PREFILL)
-        return elapsed
-
-    prefill, one, tree = [], [], []
-    for rnd in range(rounds + 1):
+    def step_timer(context: int):
+        ids = torch.randint(0, vocab, (context + TREE,), generator=torch.Generator().manual_seed(0)).to(lean.device)
+        positions = torch.arange(context + TREE, device=lean.device)
         cache = lean.new_cache()
         t = time.perf_counter()
-        lean.forward(ids[:PREFILL], positions[:PREFILL], cache)
-        ms = (time.perf_counter() - t) * 1e3
-        for k, times in ((1, one), (TREE, tree)):
-            step(k)  # settles, as in a decoding loop
-            if rnd:
-                times.append(step(k))
-        if rnd:
-            prefill.append(ms)
+        lean.forward(ids[:context], positions[:context], cache)
+        prefills.append((time.perf_counter() - t) * 1e3)
+
+        def run(tree) -> None:
+            k = len(tree)
+            lean.head(lean.forward(ids[context : context + k], positions[context : context + k], cache))
+            cache.crop(context)
+
+        return run
+
+    times = calibration.measure_step_times(step_timer, vocab, max_context, sizes=(1, TREE), context=PREFILL,
+                                           repeats=rounds, max_seconds=math.inf)
+    one, tree = times[1], times[TREE]
     spread = max(max(v) / min(v) for v in (one, tree))
-    timing = Timing(statistics.median(one), statistics.median(tree), statistics.median(prefill))
+    timing = Timing(statistics.median(one), statistics.median(tree), statistics.median(prefills))
     return timing, rounds > 1 and spread > NOISE_LIMIT
 
 

@@ -105,6 +105,7 @@ class RunMode:
     head_batch_from: float
     miss_rows: int
     notes: tuple[str, ...] = ()  # sentences for the user: what was asked for and could not run here
+    level: str = ""  # the instruction-set level our kernels run at (kernels/levels.py); "" where none of ours runs
 
     @property
     def name(self) -> str:
@@ -119,7 +120,18 @@ def run_mode(device: torch.device, dtype: torch.dtype, packing: str | None, note
     """The mode of a decoder whose weights run on `packing` (None or unknown: the model's own matmuls)."""
     row = PACKINGS.get(packing or "none", PACKINGS["none"])
     cost = FLAT_STEP_COST if device.type == "cuda" else row.step_cost
-    return RunMode(device, dtype, packing or "none", cost, row.head_batch, row.head_batch_from, row.miss_rows, notes)
+    return RunMode(device, dtype, packing or "none", cost, row.head_batch, row.head_batch_from, row.miss_rows, notes,
+                   kernel_level(device, packing))
+
+
+def kernel_level(device: torch.device, packing: str | None) -> str:
+    """The level our kernels run at for `packing` here (the dispatcher's: the CPU's best, or the one forced); ""
+    where the step runs on none of them."""
+    if device.type != "cpu" or packing not in ("panel", "q8", "gguf"):
+        return ""
+    from rest_lsp.kernels import levels
+
+    return levels.chosen()
 
 
 def pick_device(device: str | None) -> torch.device:

@@ -63,3 +63,18 @@ def test_a_level_this_cpu_lacks_is_refused_before_anything_is_built_or_loaded(mo
 def test_the_dispatched_level_is_one_this_cpu_reports():
     assert levels.chosen() in levels.runnable()
     assert all(levels.NEEDS[level] <= levels.cpu_flags() for level in levels.runnable() if levels.is_x86())
+
+
+def test_the_run_mode_names_the_level_its_kernels_run_at(monkeypatch):
+    """The plan the engine gets (runmode.RunMode) carries the kernel level: the dispatcher's, or the forced one."""
+    import torch
+
+    from rest_lsp.engine import runmode
+
+    cpu = torch.device("cpu")
+    assert runmode.run_mode(cpu, torch.float32, "gguf").level == levels.chosen()
+    assert runmode.run_mode(cpu, torch.float32, "onednn").level == ""
+    assert runmode.run_mode(torch.device("cuda"), torch.float32, "none").level == ""
+    if "avx2" in levels.runnable() and levels.is_x86():
+        monkeypatch.setenv(levels.ENV, "avx2")
+        assert runmode.run_mode(cpu, torch.float32, "q8").level == "avx2"
