@@ -129,6 +129,8 @@ def stop() -> None:
     import ray
     from ray import serve
 
+    if not ray.is_initialized():  # start failed before Ray ran: serve.shutdown() would start a cluster to stop it
+        return
     try:
         serve.shutdown()
     finally:
