@@ -210,13 +210,15 @@ def summarize(run: dict, baseline: dict[tuple, str | None], step_ms: float) -> d
 
 
 def split_latency(records: list[dict]) -> dict:
-    """p50/p95 ms of editor 0 and of the others apart (editor 0 is the hog in a hog run)."""
-    first = [r["ms"] for r in records if r.get("editor", 0) == 0]
-    others = [r["ms"] for r in records if r.get("editor", 0) != 0]
+    """p50/p95 ms and mean suggestion length (chars) of editor 0 and of the others apart (editor 0 is the hog in
+    a hog run)."""
     out = {}
-    for name, ms in (("editor0", first), ("others", others)):
-        if ms:
-            out |= {f"{name}_p50_ms": percentile(ms, 50), f"{name}_p95_ms": percentile(ms, 95)}
+    for name, mine in (("editor0", [r for r in records if r.get("editor", 0) == 0]),
+                       ("others", [r for r in records if r.get("editor", 0) != 0])):
+        if mine:
+            ms = [r["ms"] for r in mine]
+            out |= {f"{name}_p50_ms": percentile(ms, 50), f"{name}_p95_ms": percentile(ms, 95),
+                    f"{name}_chars": sum(len(r["text"] or "") for r in mine) / len(mine)}
     return out
 
 
@@ -312,12 +314,14 @@ def print_table(results: list[dict], step_ms: float) -> None:
               f"{' '.join(f'{n}' for n in sorted(r['replicas'].values(), reverse=True)) or '-'} | {r['retried']} | "
               f"{r.get('replacement_s', '-')} |")
     print()
-    print("| run | editors | editor 0 p50 ms | editor 0 p95 ms | others p50 ms | others p95 ms |")
-    print("|---|---|---|---|---|---|")
+    print("| run | editors | editor 0 p50 ms | editor 0 p95 ms | editor 0 chars | others p50 ms | others p95 ms | "
+          "others chars |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         if "others_p50_ms" in r:
             print(f"| {r['run']} | {r['k']} | {r['editor0_p50_ms']:.0f} | {r['editor0_p95_ms']:.0f} "
-                  f"| {r['others_p50_ms']:.0f} | {r['others_p95_ms']:.0f} |")
+                  f"| {r['editor0_chars']:.0f} | {r['others_p50_ms']:.0f} | {r['others_p95_ms']:.0f} "
+                  f"| {r['others_chars']:.0f} |")
 
 
 if __name__ == "__main__":
