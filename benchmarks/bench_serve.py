@@ -8,12 +8,16 @@ baseline (`local`, one editor), a RemoteService (`rest-lsp --remote`) for the cl
   - 2 replicas x `--threads`, K = 1, 2, 4 editors, then K = 2 with the replica of editor 0 killed (SIGKILL) a third
     of the way through;
   - 1 replica, K = 4 (the scaling reference).
+With `--hog`, every cluster run of K >= 2 editors is run again with editor 0 asking, through its settings as any
+editor may, for as much as it can (maxNewTokens 4096, timeBudgetMs 0, waitBudgetMs 0, maxLines 0); the server's
+limits (`rest-lsp serve --max-new-tokens/--completion-ms/--kv-cache-mb`, given here as `--server-*`) cap it, and the
+table gives the other editors' p50/p95 apart from editor 0's.
 Per run: requests, requests/s (requests over the run's wall time), p50/p95 latency in ms and in plain decoding
 steps (ms/token of the same model decoding plainly in this process, measured first), suggestions identical to the
 local run's at the same step, requests per replica; the kill run adds retries and when the replacement served.
 
     .venv/bin/python benchmarks/bench_serve.py [--corpus DIR] [--functions 3] [--lines 6] [--pause-ms 50]
-        [--model M] [--dtype float32] [--threads 1] [--max-new-tokens 32]
+        [--model M] [--dtype float32] [--threads 1] [--max-new-tokens 32] [--hog]
 """
 
 from __future__ import annotations
@@ -40,13 +44,15 @@ from rest_lsp.service.completion import CompletionService, NoEvents  # noqa: E40
 from rest_lsp.settings import Settings  # noqa: E402
 
 TOKEN = secrets.token_urlsafe(32)
+HOG = dict(max_new_tokens=4096, time_budget_ms=0, wait_budget_ms=0, max_lines=0)  # the most an editor may ask
 
 
 class Editor:
     """One person writing the episodes into a service, as server.py drives it."""
 
-    def __init__(self, service, root: Path, episodes, pause_s: float, name: str):
+    def __init__(self, service, root: Path, episodes, pause_s: float, name: str, index: int = 0):
         self.service, self.root, self.episodes, self.pause_s, self.name = service, root, episodes, pause_s, name
+        self.index = index
         self.records: list[dict] = []
         self.progress = 0
 
@@ -64,7 +70,7 @@ class Editor:
                 started = time.perf_counter()
                 got = self.service.submit(uri, text, offset).future.result(120)
                 ms = (time.perf_counter() - started) * 1e3
-                self.records.append({"key": (episode.file, episode.function, s), "ms": ms,
+                self.records.append({"key": (episode.file, episode.function, s), "ms": ms, "editor": self.index,
                                      "text": got.text if got else None})
                 self.progress += 1
                 insert = step.rest + step.after
@@ -109,19 +115,20 @@ def plain_ms_per_token(args) -> float:
 
 
 def run_editors(make_service, args, k: int, label: str, kill_after: float | None = None) -> dict:
+    """`make_service(i)`: editor i's service."""
     files, chosen, episodes = plan(args.corpus, args.functions, args.lines, args.seed)
     editors, services = [], []
     for i in range(k):
         root = args.work / f"{label}-{i}"
         prepare_workspace(args.corpus, root, files, chosen)
-        service = make_service()
+        service = make_service(i)
         service.start([root])
         assert service.wait_ready(300)
         if hasattr(service, "wait_indexed"):
             service.wait_indexed(300)
         _wait_synced(service)
         services.append(service)
-        editors.append(Editor(service, root, episodes, args.pause_ms / 1e3, f"{label}-{i}"))
+        editors.append(Editor(service, root, episodes, args.pause_ms / 1e3, f"{label}-{i}", i))
     threads = [threading.Thread(target=e.run, name=e.name) for e in editors]
     started = time.perf_counter()
     for t in threads:
@@ -173,10 +180,14 @@ def start_cluster(args, replicas: int) -> str:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    ns = argparse.Namespace(model=args.model, dtype=args.dtype, device="cpu", replicas=replicas,
-                            num_cpus=args.threads, num_gpus=0, host="127.0.0.1", port=port,
-                            token_file=str(args.token_file), tls_cert=None, tls_key=None, workspace_mb=2048,
-                            cache_dir=None)
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)  # serve's own defaults for every flag not given here
+    ns = parser.parse_args(["--token-file", str(args.token_file)])
+    ns.__dict__.update(model=args.model, dtype=args.dtype, device="cpu", replicas=replicas, num_cpus=args.threads,
+                       num_gpus=0, host="127.0.0.1", port=port, workspace_mb=2048)
+    for name in ("max_new_tokens", "completion_ms", "kv_cache_mb"):
+        if getattr(args, f"server_{name}") is not None:
+            setattr(ns, name, getattr(args, f"server_{name}"))
     return serve_command.start(ns, ray_init={"_temp_dir": str(args.ray_dir)})
 
 
@@ -194,7 +205,21 @@ def summarize(run: dict, baseline: dict[tuple, str | None], step_ms: float) -> d
     return {"run": run["label"], "k": run["k"], "requests": len(ms), "req_s": len(ms) / run["wall_s"],
             "p50_ms": p50, "p95_ms": p95, "p50_steps": p50 / step_ms, "p95_steps": p95 / step_ms,
             "identical": f"{same}/{len(ms)}", "missing": missing, "different": other, "replicas": replicas,
-            "retried": sum(s.get("retried", 0) for s in run["stats"]), **run.get("kill", {})}
+            "retried": sum(s.get("retried", 0) for s in run["stats"]), **split_latency(run["records"]),
+            **run.get("kill", {})}
+
+
+def split_latency(records: list[dict]) -> dict:
+    """p50/p95 ms and mean suggestion length (chars) of editor 0 and of the others apart (editor 0 is the hog in
+    a hog run)."""
+    out = {}
+    for name, mine in (("editor0", [r for r in records if r.get("editor", 0) == 0]),
+                       ("others", [r for r in records if r.get("editor", 0) != 0])):
+        if mine:
+            ms = [r["ms"] for r in mine]
+            out |= {f"{name}_p50_ms": percentile(ms, 50), f"{name}_p95_ms": percentile(ms, 95),
+                    f"{name}_chars": sum(len(r["text"] or "") for r in mine) / len(mine)}
+    return out
 
 
 def main(argv=None) -> int:
@@ -209,6 +234,11 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", default="local,2x1,2x2,2x4,kill,1x4")
+    p.add_argument("--hog", action="store_true", help="run each cluster run of 2+ editors again with editor 0 "
+                   "asking for 4096-token completions with no time budget")
+    p.add_argument("--server-max-new-tokens", type=int, default=None, help="serve's --max-new-tokens (its default)")
+    p.add_argument("--server-completion-ms", type=int, default=None, help="serve's --completion-ms (its default)")
+    p.add_argument("--server-kv-cache-mb", type=int, default=None, help="serve's --kv-cache-mb (its default)")
     args = p.parse_args(argv)
     import torch
 
@@ -227,7 +257,7 @@ def main(argv=None) -> int:
         step_ms = plain_ms_per_token(args)
         print(f"plain step: {step_ms:.1f} ms/token", file=sys.stderr)
         results = []
-        local = run_editors(lambda: CompletionService(settings_of(args), NoEvents()), args, 1, "local")
+        local = run_editors(lambda i: CompletionService(settings_of(args), NoEvents()), args, 1, "local")
         baseline = {r["key"]: r["text"] for r in local["records"]}
         results.append(summarize(local, baseline, step_ms))
         results += cluster_runs(args, 2, [w for w in wanted if w.startswith("2x") or w == "kill"], baseline, step_ms)
@@ -241,7 +271,6 @@ def main(argv=None) -> int:
 
 def cluster_runs(args, replicas: int, runs: list[str], baseline, step_ms: float) -> list[dict]:
     from rest_lsp.commands import serve as serve_command
-    from rest_lsp.team.remote import RemoteService
 
     if not runs:
         return []
@@ -249,19 +278,29 @@ def cluster_runs(args, replicas: int, runs: list[str], baseline, step_ms: float)
     out = []
     try:
         for run in runs:
-            def make():
-                return RemoteService(settings_of(args), NoEvents(), url, TOKEN)
-
             if run == "kill":
-                result = run_editors(make, args, 2, f"{replicas}r-kill", kill_after=1 / 3)
+                results = [run_editors(_remote(args, url), args, 2, f"{replicas}r-kill", kill_after=1 / 3)]
             else:
                 k = int(run.split("x")[1])
-                result = run_editors(make, args, k, f"{replicas}r-k{k}")
-            out.append(summarize(result, baseline, step_ms))
-            print(out[-1], file=sys.stderr)
+                results = [run_editors(_remote(args, url), args, k, f"{replicas}r-k{k}")]
+                if args.hog and k >= 2:
+                    results.append(run_editors(_remote(args, url, hog=True), args, k, f"{replicas}r-k{k}-hog"))
+            for result in results:
+                out.append(summarize(result, baseline, step_ms))
+                print(out[-1], file=sys.stderr)
     finally:
         serve_command.stop()
     return out
+
+
+def _remote(args, url: str, hog: bool = False):
+    """make_service for run_editors: editor i's RemoteService; with `hog`, editor 0 asks for the most it may."""
+    from rest_lsp.team.remote import RemoteService
+
+    def make(i: int):
+        return RemoteService(settings_of(args, **(HOG if hog and i == 0 else {})), NoEvents(), url, TOKEN)
+
+    return make
 
 
 def print_table(results: list[dict], step_ms: float) -> None:
@@ -274,6 +313,15 @@ def print_table(results: list[dict], step_ms: float) -> None:
               f"| {r['p50_steps']:.1f} | {r['p95_steps']:.1f} | {r['identical']} | {r['missing']} | {r['different']} | "
               f"{' '.join(f'{n}' for n in sorted(r['replicas'].values(), reverse=True)) or '-'} | {r['retried']} | "
               f"{r.get('replacement_s', '-')} |")
+    print()
+    print("| run | editors | editor 0 p50 ms | editor 0 p95 ms | editor 0 chars | others p50 ms | others p95 ms | "
+          "others chars |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        if "others_p50_ms" in r:
+            print(f"| {r['run']} | {r['k']} | {r['editor0_p50_ms']:.0f} | {r['editor0_p95_ms']:.0f} "
+                  f"| {r['editor0_chars']:.0f} | {r['others_p50_ms']:.0f} | {r['others_p95_ms']:.0f} "
+                  f"| {r['others_chars']:.0f} |")
 
 
 if __name__ == "__main__":
