@@ -60,7 +60,8 @@ def cluster(tiny_models, certificate):
     args = argparse.Namespace(model=str(tiny_models["random"]), dtype="float32", device="cpu", replicas=2,
                               num_cpus=1, num_gpus=0, host="127.0.0.1", port=port, token_file=str(token_file),
                               tls_cert=str(certificate[0]), tls_key=str(certificate[1]), workspace_mb=512,
-                              max_new_tokens=64, completion_ms=2000, kv_cache_mb=256,
+                              # the server's caps let an editor ask for a long completion (the timeout test)
+                              max_new_tokens=4000, completion_ms=60000, kv_cache_mb=256,
                               cache_dir=str(folder / "cache"))
     url = serve_command.start(args, ray_init={"_temp_dir": str(folder / "ray")})
     assert url.startswith("https://")
