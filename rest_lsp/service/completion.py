@@ -319,7 +319,7 @@ class CompletionService(HostThreads):
     def close_document(self, doc_id: str) -> None:
         """The editor closed the document (`doc_id` as in `submit`): its work stops, and what is kept for it goes:
         its KV cache, its prompt window start, its cached and prefetched suggestions."""
-        self._requests.cancel(doc_id)
+        self._requests.drop(doc_id)
         with self._lock:
             model = self._model
             self._cache.forget(doc_id)
@@ -605,6 +605,9 @@ class CompletionService(HostThreads):
         with self._lock:
             self.counters.prefill_tokens += result.prefill_tokens
             if epoch != self._epoch:  # the model or a setting changed while it decoded: neither served nor kept
+                return None
+            if job.speculative and job.cancelled():  # its document closed after its last step: nothing kept
+                self.counters.prefetch_cancelled += 1
                 return None
             parked = job.speculative and not job.has_waiters()
             if not parked:  # the running totals measure the decoding of requests (clients take differences)

@@ -225,6 +225,13 @@ class RequestQueue:
         with self._cond:
             self._cancel(doc_id)
 
+    def drop(self, doc_id: str) -> None:
+        """The document closed: every job of it stops, prefetches too (nothing is kept for a closed document)."""
+        with self._cond:
+            for job in (*self._queue, self._running):
+                if job is not None and job.doc_id == doc_id:
+                    job.cancel_event.set()
+
     def _cancel(self, doc_id: str | None) -> None:
         for job in (*self._queue, self._running):
             if job is not None and (doc_id is None or (job.doc_id == doc_id and (job.guess or not job.speculative))):

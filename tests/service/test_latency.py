@@ -181,6 +181,18 @@ def test_accepting_the_shown_suggestion_does_not_stop_its_prefetch(constant_serv
     assert hit is not None and hit.source == "prefetch" and hit.text == "xxxx"
 
 
+def test_closing_the_document_stops_its_running_prefetch_and_keeps_nothing(constant_service, generate_calls):
+    svc = constant_service
+    _answer_and_hold_its_prefetch(svc, generate_calls, "mem://k.py")
+    svc.close_document("mem://k.py")  # while the prefetch of accepting "xxxx" is inside its first step
+    generate_calls.release.set()
+    wait_for(lambda: generate_calls[1] is not None, 60, "the held prefetch to end")
+    assert generate_calls[1].finish == "stopped"  # the old code: it ran on and kept its suggestion
+    again = _submit(svc, "mem://k.py", "x = xxxx", "\n")
+    assert again is not None and again.source == "model"
+    assert svc.stats()["prefetch_hits"] == 0
+
+
 def test_a_request_answered_without_decoding_lets_a_running_prefetch_go_on(constant_service, generate_calls):
     svc = constant_service
     _answer_and_hold_its_prefetch(svc, generate_calls, "mem://g.py", call=3)

@@ -103,13 +103,13 @@ def test_a_settings_change_makes_kept_suggestions_stale(tiny_models):
         svc.close()
 
 
-@pytest.mark.skip(reason="the prefetch did not start within 60 s on merged main (2026-12-04); see the closing note")
 def test_a_settings_change_drops_the_parked_prefetch(tiny_models):
     svc = _service(tiny_models["random"])
     try:
         shown = _submit(svc, "mem://p.py", BEFORE)
         assert shown is not None
-        wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch")
+        # >= 1: both wishes (after the text, on the next line) may end between two polls
+        wait_for(lambda: svc.stats()["prefetched"] >= 1, 60, "the prefetch")
         svc.update_settings(dataclasses.replace(svc.settings, max_new_tokens=2))
         accepted = BEFORE + shown.text
         got = _submit(svc, "mem://p.py", accepted)  # the old code: the 12-token prefetch
@@ -120,14 +120,14 @@ def test_a_settings_change_drops_the_parked_prefetch(tiny_models):
         svc.close()
 
 
-@pytest.mark.parametrize("kept", ["cache", pytest.param("prefetch", marks=pytest.mark.skip(reason="the prefetch did not start within 60 s on merged main (2026-12-04); see the closing note"))])
+@pytest.mark.parametrize("kept", ["cache", "prefetch"])
 def test_a_closed_document_keeps_no_suggestion(tiny_models, kept):
     svc = _service(tiny_models["random"], prefetch=kept == "prefetch")
     try:
         shown = _submit(svc, "mem://c.py", BEFORE)
         assert shown is not None and len(svc._cache) == 1
         if kept == "prefetch":
-            wait_for(lambda: svc.stats()["prefetched"] == 1, 60, "the prefetch")
+            wait_for(lambda: svc.stats()["prefetched"] >= 1, 60, "the prefetch")
         svc.close_document("mem://c.py")
         assert len(svc._cache) == 0
         again = _submit(svc, "mem://c.py", BEFORE + shown.text if kept == "prefetch" else BEFORE)
