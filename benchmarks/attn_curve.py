@@ -15,11 +15,11 @@ one level's curve, for other benchmarks to import.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 
+from turns import medians  # benchmarks/ is on the path when this file runs
 from rest_lsp.kernels import levels, row_attention
 
 HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64  # Qwen2.5-Coder-0.5B
@@ -59,9 +59,9 @@ class Pass:
         clock = time.thread_time if threads == 1 else time.perf_counter
         start = clock()
         for k, v in self.caches:
-            if lib.row_attn(q.data_ptr(), rows, HEADS, KV_HEADS, HEAD_DIM, k.data_ptr(), v.data_ptr(), k.stride(0),
-                            self.past, mask.data_ptr(), rows, rows, HEAD_DIM**-0.5, self.out.data_ptr(),
-                            threads) != 0:
+            if lib.row_attn(q.data_ptr(), q.numel(), rows, HEADS, KV_HEADS, HEAD_DIM, k.data_ptr(), v.data_ptr(),
+                            k.numel(), k.stride(0), self.past, mask.data_ptr(), mask.numel(), rows, rows,
+                            HEAD_DIM**-0.5, self.out.data_ptr(), self.out.numel(), threads) != 0:
                 raise MemoryError("row_attn: no scratch memory")
         return (clock() - start) * 1e3
 
@@ -76,13 +76,8 @@ def curves(levels_: list[str], rows=ROWS, past: int = PAST, layers: int = LAYERS
     step = Pass(past, layers)
     for lib in libs.values():  # warm: the pages touched, each library's first call made
         step.run(lib, 1, threads)
-    times: dict[str, dict[int, list[float]]] = {level: {r: [] for r in rows} for level in levels_}
-    for i in range(rounds):
-        order = list(rows) if i % 2 == 0 else list(reversed(rows))
-        for r in order:
-            for level, lib in libs.items():
-                times[level][r].append(step.run(lib, r, threads) / layers)
-    return {level: {r: statistics.median(ts) for r, ts in by_rows.items()} for level, by_rows in times.items()}
+    runs = {level: lambda r, lib=lib: step.run(lib, r, threads) / layers for level, lib in libs.items()}
+    return medians(runs, rows, rounds)
 
 
 def attn_curve(level: str, rows=ROWS, **kwargs) -> dict[int, float]:

@@ -15,11 +15,11 @@ other benchmarks to import.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 
+from turns import medians  # benchmarks/ is on the path when this file runs
 from rest_lsp.kernels import levels, quant_matmul
 
 # Qwen2.5-Coder-0.5B: hidden 896, 14 query heads and 2 key/value heads of 64, intermediate 4864, vocabulary 151936;
@@ -59,7 +59,8 @@ class Pass:
         clock = time.thread_time if threads == 1 else time.perf_counter
         start = clock()
         for n, k, panels in self.weights:
-            if lib.quant_mm(xp, rows, k, panels.data_ptr(), n, self.bits, None, yp, threads) < 0:
+            if lib.quant_mm(xp, self.x.numel(), rows, k, panels.data_ptr(), panels.numel(), n, self.bits, None, 0,
+                            yp, self.y.numel(), threads) < 0:
                 raise MemoryError("quant_mm: no scratch memory")
         return (clock() - start) * 1e3
 
@@ -74,13 +75,8 @@ def curves(levels_: list[str], bits: int, rows=ROWS, layers: int = LAYERS, round
     step = Pass(bits, layers, head)
     for lib in libs.values():  # warm: the pages touched, each library's first call made
         step.run(lib, 1, threads)
-    times: dict[str, dict[int, list[float]]] = {level: {r: [] for r in rows} for level in levels_}
-    for i in range(rounds):
-        order = list(rows) if i % 2 == 0 else list(reversed(rows))
-        for r in order:
-            for level, lib in libs.items():
-                times[level][r].append(step.run(lib, r, threads))
-    return {level: {r: statistics.median(ts) for r, ts in by_rows.items()} for level, by_rows in times.items()}
+    runs = {level: lambda r, lib=lib: step.run(lib, r, threads) for level, lib in libs.items()}
+    return medians(runs, rows, rounds)
 
 
 def step_curve(level: str, bits: int = 8, rows=ROWS, **kwargs) -> dict[int, float]:
