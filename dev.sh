@@ -34,7 +34,7 @@ case "${1:-}" in
         ;;
     test)
         setup
-        "$PY" -m pytest -q tests
+        "$PY" -m pytest -q --durations=15 tests
         PY="$PY" bash .ci/sanitize.sh   # the kernel tests and the stress test under ASan and UBSan
         # The tests of the default mode (marked default_dtype) once more with another default in its place: this
         # machine's own default ran above (bfloat16 where the CPU computes it, float32 for a model folder
