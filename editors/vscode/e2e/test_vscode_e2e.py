@@ -425,7 +425,7 @@ def test_ghost_text_tab_status_stats_settings_and_toggle(tools, browser, tmp_pat
         def output_log() -> str:
             found = sorted(server.data.glob("logs/*/exthost*/rest-lsp.rest-lsp/REST LSP.log"))
             return found[-1].read_text() if found else ""
-        wait_until(lambda: re.search(r"\[info\] \[server\] rest_lsp\.server: .*ready", output_log()), UI_S,
+        wait_until(lambda: re.search(r"\[info\] \[server\] rest_lsp\.lsp\.server: .*ready", output_log()), UI_S,
                    "the server's 'model ready' record at [info] in the REST LSP output")
         assert "[error]" not in output_log(), output_log()
     finally:
