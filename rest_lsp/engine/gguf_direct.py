@@ -35,7 +35,7 @@ LAYER_WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_u
 LAYER_NORMS = ("attn_norm", "ffn_norm")
 EXACT_KINDS = ("Q8_0", "Q5_0", "Q4_0")  # blocks whose d x q is transformers' dequantization by construction
 EMBED_ROWS = 4096  # a lookup of more ids reads and dequantizes them this many rows at a time
-CHUNK_BYTES = 1 << 22  # a large tensor goes into panels this many bytes of fp32 values at a time
+CHUNK_BYTES = 1 << 24  # a large tensor goes into panels this many bytes of fp32 values at a time
 
 
 def refusal(header: Header) -> str | None:
@@ -230,13 +230,13 @@ class _Builder:
                     out[first // quant_matmul.PANEL : -(-(first + blocks.quants.shape[0]) // quant_matmul.PANEL)] = (
                         quant_matmul.pack_blocks(blocks.quants, blocks.scales, bits))
                     del blocks
-                    _trim()
             except _Mismatch:
                 log.warning("The %s blocks of %s do not dequantize as gguf does; they run requantized to Q8_0.",
                             tensor.tensor_type.name, name)
                 continue
             if mine:
                 self.kept[name] = bits
+            _trim()
             return bits, out
         raise AssertionError("unreachable: Q8_0 always packs")
 
