@@ -79,6 +79,15 @@ def test_the_direct_load_is_todays_gguf_mode_on_a_file_of_every_block_kind(tmp_p
     assert_rest_is_plain_decoding(direct, direct.vocab_size, budgets=(4, 16), seeds=range(1))
 
 
+def test_a_fused_matmul_whose_parts_end_inside_a_panel_is_todays_too(tmp_path):
+    """q rows (72) that end inside a panel of 16: q, k and v are packed together, as GgufMatmul.of_blocks packs."""
+    needs_kernel()
+    path = write_random_gguf(tmp_path / "odd.gguf", hidden=72, heads=4, kv=2, ffn=136)
+    direct = Decoder(load_model(str(path), "cpu", "gguf"))
+    assert [(p.bits, p.out_features) for p in direct.lean.layers[0].qkv.parts] == [(8, 72 + 2 * 36)]
+    assert_same_as_todays(direct, todays_gguf_mode(path), [1, 2, 3, 50, 60])
+
+
 def test_the_embedding_stays_in_the_file_and_reads_transformers_values(tmp_path):
     """Rows looked up per step (any kind, here Q4_0 and F16) are transformers' fp32 embedding rows bit for bit."""
     from transformers import AutoModelForCausalLM
