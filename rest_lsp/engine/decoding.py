@@ -273,11 +273,17 @@ class Decoder:
         self._rope_long: bool | None = None  # the rotation of the cached keys
         self._cache: DynamicCache | None = None
         self._cached: list[int] = []  # the tokens whose KV the cache holds, in order
-        self.body, self.head = self._split_head()
+        # a .gguf loaded from its blocks (gguf_direct) has no transformers forward: the lean engine or nothing
+        lean_only = getattr(self.model, "lean_only", False)
+        if lean_only and not lean:
+            raise ModelLoadError(f"'{loaded.name}' was loaded from its .gguf blocks, which only rest-lsp's lean "
+                                 "engine runs; load it with --dtype float32 for transformers' path.")
+        self.body, self.head = (None, None) if lean_only else self._split_head()
         self._cache_kw = _cache_keyword(self.model)
         # Llama-family models run on our own forward and KV cache (a flat, cheap step); others on transformers'.
         self.lean_unsupported = (
-            "turned off" if not lean
+            None if lean_only
+            else "turned off" if not lean
             else "the LM head does not split off" if self.head is None
             else "sliding windows or long RoPE" if self.window is not None or self.rope_switch is not None
             else unsupported(self.model)

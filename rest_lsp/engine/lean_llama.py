@@ -288,8 +288,6 @@ class LeanLlama:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = cfg.rms_norm_eps
-        self.embed = model.get_input_embeddings().weight  # [V, H]
-        self.norm = Norm.of(model.model.norm.weight)
         self.packing = pick_packing(pack, self.dtype, self.device)
         # Q8_0 weights keep their blocks as they are: attention takes the scale (in fp16 a scaled block scale can round)
         scale = query_scale(self.head_dim) if self.packing not in ("q8", "gguf") else None
@@ -303,19 +301,14 @@ class LeanLlama:
         script = self.device.type == "cpu" if script is None else script
         # fused (and packed) once per model and shared by every LeanLlama over it (each Decoder builds one)
         key = f"_lean_{self.packing}"
-        built = model.__dict__.get(key)  # (layers, head, {script: stack})
-        q = model.model.layers[0].self_attn.q_proj.weight
-        if built is None or built[0][0].source != q.data_ptr():  # never built, or moved/cast since
-            head = model.get_output_embeddings()
-            shape = (self.heads, self.kv_heads, self.head_dim)
-            weights = self._gguf_weights(model) if self.packing == "gguf" else None
-            layers = [self._fuse(layer, self.packing, shape, scale, self.eps, self.score_scale, weights, i)
-                      for i, layer in enumerate(model.model.layers)]
-            head_blocks = None if weights is None else [
-                (head.weight.shape[0], weights.blocks(weights.head_name(), head.weight))]
-            built = model.__dict__[key] = (layers, Matmul.of(head.weight, head.bias, self.packing, head_blocks), {})
-            if weights is not None:
-                weights.report()
+        parts = getattr(model, "lean_parts", None)
+        if parts is not None:  # a .gguf loaded from its blocks (gguf_direct): its layers and head are built already
+            self.embed, norm, built = parts(self.packing)  # embed: ids [n] -> rows [n, H] on indexing
+            self.norm = Norm.of(norm)
+        else:
+            self.embed = model.get_input_embeddings().weight  # [V, H]
+            self.norm = Norm.of(model.model.norm.weight)
+            built = self._built(model, key, scale)
         self.layers = built[0]
         self.head = built[1]  # logits [n, V] from final hidden states [n, H]
         stacks = built[2]
@@ -329,6 +322,23 @@ class LeanLlama:
         self.graphs = StepGraphs(self) if self.static and self.device.type == "cuda" else None
         if self.static:  # a captured graph reads the table where it was: allocate it whole, once
             self.cos, self.sin = self._rope_table(max_positions)
+
+    def _built(self, model, key: str, scale: float | None) -> tuple:
+        """(layers, head, {script: stack}) of a transformers model: fused and packed once, kept on the model."""
+        built = model.__dict__.get(key)  # (layers, head, {script: stack})
+        q = model.model.layers[0].self_attn.q_proj.weight
+        if built is None or built[0][0].source != q.data_ptr():  # never built, or moved/cast since
+            head = model.get_output_embeddings()
+            shape = (self.heads, self.kv_heads, self.head_dim)
+            weights = self._gguf_weights(model) if self.packing == "gguf" else None
+            layers = [self._fuse(layer, self.packing, shape, scale, self.eps, self.score_scale, weights, i)
+                      for i, layer in enumerate(model.model.layers)]
+            head_blocks = None if weights is None else [
+                (head.weight.shape[0], weights.blocks(weights.head_name(), head.weight))]
+            built = model.__dict__[key] = (layers, Matmul.of(head.weight, head.bias, self.packing, head_blocks), {})
+            if weights is not None:
+                weights.report()
+        return built
 
     @property
     def scripted(self) -> bool:

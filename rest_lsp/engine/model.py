@@ -133,11 +133,13 @@ def _from_pretrained(folder: str, gguf_file: str | None, dtype: torch.dtype):
     return model, tok
 
 
-def check_gguf(path: str | Path) -> None:
-    """ModelLoadError (one sentence) unless the .gguf at `path` is a GGUF file whose header, tensor table and
-    tokenizer fit each other and the file's size (gguf_check), read without building anything."""
+def check_gguf(path: str | Path) -> gguf_header.Header:
+    """The header of the .gguf at `path`; ModelLoadError (one sentence) unless it is a GGUF file whose header, tensor
+    table and tokenizer fit each other and the file's size (gguf_check), read without building anything."""
     try:
-        gguf_check.check(gguf_header.read(path))
+        header = gguf_header.read(path)
+        gguf_check.check(header)
+        return header
     except gguf_header.BadGguf as err:
         raise ModelLoadError(f"Could not load model: {err}") from None
     except OSError as err:
@@ -155,12 +157,15 @@ def _read_conversion(cached: Path, dtype: torch.dtype):
     (why: None), damaged, unreadable or not this user's alone."""
     try:
         problem = cache_dir.private_entry(cached)
-        if problem is None and not (cached / "config.json").is_file():
+        if problem is None and not (cached / "config.json").is_file() and not _tokenizer_only(cached):
             problem = "incomplete: no config.json"
     except FileNotFoundError:
         return None, None
     except OSError as err:
         problem = err.strerror or str(err)
+    if problem is None and _tokenizer_only(cached):  # kept by a load from the file's blocks: converted over
+        shutil.rmtree(cached, ignore_errors=True)
+        return None, None
     if problem is None:
         try:
             loaded = _from_pretrained(str(cached), None, dtype)
@@ -169,6 +174,11 @@ def _read_conversion(cached: Path, dtype: torch.dtype):
         except Exception as err:  # a damaged cache is rebuilt, never fatal
             problem = f"unusable: {str(err).strip()[:200] or type(err).__name__}"
     return None, problem
+
+
+def _tokenizer_only(cached: Path) -> bool:
+    """Whether the kept entry `cached` holds a .gguf's tokenizer alone (a load from its blocks keeps no weights)."""
+    return not (cached / "config.json").is_file() and (cached / "tokenizer_config.json").is_file()
 
 
 def _load_gguf_cached(folder: str, gguf_file: str, dtype: torch.dtype):
@@ -190,17 +200,18 @@ def _load_gguf_cached(folder: str, gguf_file: str, dtype: torch.dtype):
 
 
 def _keep_conversion(model, tok, cached: Path, source: Path) -> None:
-    """Save the dequantized model of the .gguf `source` into `cached`, all or nothing; a failure only costs the next
-    load a conversion. The conversions of earlier versions of that path go, and the least recently used ones beyond
-    cache_dir.MODELS_BYTES."""
+    """Save the dequantized model (None: the tokenizer alone) of the .gguf `source` into `cached`, all or nothing; a
+    failure only costs the next load a conversion. The conversions of earlier versions of that path go, and the
+    least recently used ones beyond cache_dir.MODELS_BYTES."""
     tmp = None
     try:
         tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
-        # The weights are already dequantized to fp32; only the gguf marker forbids saving them.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
+        if model is not None:
+            # The weights are already dequantized to fp32; only the gguf marker forbids saving them.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / SOURCE_FILE).write_text(str(source.resolve()), encoding="utf-8")
         os.replace(tmp, cached)  # atomic: a reader sees the whole folder or none
@@ -285,18 +296,20 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
     return Tokenizer(hf)
 
 
-def _gguf_tokenizer(folder: str, gguf_file: str):
+def _gguf_tokenizer(folder: str, gguf_file: str, keep: bool = False):
     """The tokenizer of a .gguf: from its conversion cache, else (missing, damaged or not this user's there) from
-    the file itself, putting it back into a conversion whose tokenizer alone was damaged."""
+    the file itself, putting it back into a conversion whose tokenizer alone was damaged, and (`keep`, where no
+    entry is there) keeping it alone for the next load from the file's blocks."""
     from transformers import AutoTokenizer
 
     cached = _conversion_dir(folder, gguf_file)
     try:
-        usable = cached is not None and cache_dir.private_entry(cached) is None
+        present = cached is not None and os.path.lexists(cached)
+        usable = present and cache_dir.private_entry(cached) is None
         repair = usable and (cached / "config.json").is_file()
-        usable = repair and (cached / "tokenizer_config.json").is_file()
+        usable = usable and (cached / "tokenizer_config.json").is_file()
     except OSError:
-        usable = repair = False
+        present, usable, repair = True, False, False
     if usable:
         try:
             return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
@@ -308,18 +321,23 @@ def _gguf_tokenizer(folder: str, gguf_file: str):
             tok.save_pretrained(cached)
         except Exception as err:
             log.warning("Could not repair the cached tokenizer in %s (%s).", cached, err)
+    elif keep and cached is not None and not present:  # a load from the blocks: the next one reads this copy
+        _keep_conversion(None, tok, cached, Path(folder) / gguf_file)
     return tok
 
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     folder, gguf_file = _resolve(spec)
-    if gguf_file:  # before anything is built from what its header claims
-        check_gguf(Path(folder) / gguf_file)
+    # a .gguf's header is checked before anything is built from what it claims
+    header = check_gguf(Path(folder) / gguf_file) if gguf_file else None
     mode = decide(device, dtype, gguf=gguf_file is not None)
+    unasked = dtype in (None, "", "auto") and not os.environ.get(DTYPE_ENV)
+    if header is not None and (direct := _direct_mode(header, mode, device, unasked)) is not None:
+        return _load_direct(spec, folder, gguf_file, header, direct)
     for note in mode.notes:
         log.warning(note)
-    # no dtype asked for, a .gguf on a CPU: the rule's mode or the gguf mode, whichever steps faster here
-    unasked = dtype in (None, "", "auto") and not os.environ.get(DTYPE_ENV)
+    # no dtype asked for, a .gguf on a CPU the gguf mode cannot load from its blocks: the rule's mode or the gguf
+    # mode, whichever steps faster here
     names = mode_choice.candidates(mode, gguf_file is not None) if unasked else []
     choice = key = None
     if names:
@@ -344,6 +362,46 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
     tokenizer = Tokenizer(tok)
     return LoadedModel(model=model, tokenizer=tokenizer, device=mode.device, dtype=mode.dtype,
                        name=spec or DEFAULT_MODEL, notes=notes, packing=mode.packing)
+
+
+def _direct_mode(header: gguf_header.Header, mode, device: str | None, unasked: bool):
+    """The gguf mode, for a .gguf loaded straight from its blocks (gguf_direct), when it runs that way: asked for
+    (`--dtype gguf`), or no dtype asked for on a CPU whose integer kernel builds (what a person pointing --model at
+    their Q4_K_M or Q8_0 file expects: the file's blocks, memory near the file's size, no fp32 model first); None
+    (transformers' path) for other dtypes and files the lean engine does not run (gguf_direct.refusal)."""
+    from rest_lsp.engine import gguf_direct
+    from rest_lsp.engine.matmuls import q8_packs
+
+    if mode.packing != GGUF_WEIGHTS:
+        if not unasked or mode.device.type != "cpu" or not q8_packs(torch.float32, mode.device):
+            return None
+        mode = decide(device, GGUF_WEIGHTS, gguf=True)
+    why = gguf_direct.refusal(header)
+    if why is not None:
+        log.info("%s is loaded through transformers, not from its blocks (%s).", Path(header.path).name, why)
+        return None
+    return mode
+
+
+def _load_direct(spec: str | None, folder: str, gguf_file: str, header: gguf_header.Header, mode) -> LoadedModel:
+    """The .gguf loaded from its blocks into the gguf mode; its tokenizer from the file (kept for the next load)."""
+    from rest_lsp.engine import gguf_direct
+
+    for note in mode.notes:
+        log.warning(note)
+    try:
+        with _quiet():
+            tok = _gguf_tokenizer(folder, gguf_file, keep=True)
+            model = gguf_direct.load(header, gguf_direct.config_of(header))
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"Could not load model '{spec or DEFAULT_MODEL}' from the blocks of its .gguf file ({first[:200]}); "
+                             "--dtype float32 loads it through transformers instead.") from err
+    saved_tokenizer.keep(spec, tok)
+    return LoadedModel(model=model, tokenizer=Tokenizer(tok), device=mode.device, dtype=mode.dtype,
+                       name=spec or DEFAULT_MODEL, notes=list(mode.notes), packing=mode.packing)
 
 
 def _lean_refusal(model, mode) -> str | None:

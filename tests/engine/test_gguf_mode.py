@@ -148,9 +148,14 @@ def test_dtype_gguf_runs_each_tensor_on_its_own_blocks(gguf_decoder, tiny_gguf):
     tied = cfg.tie_word_embeddings
     assert widths(d.lean.head) == [(4 if tied else 8, cfg.vocab_size)]  # token_embd (Q4_0) or output (Q8_0)
 
+    from transformers import AutoModelForCausalLM
+
+    assert type(d.model).__name__ == "GgufModel"  # loaded from the blocks: the weights below come from transformers
+    hf = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name, dtype=torch.float32,
+                                              local_files_only=True)
     tensors = {t.name: t for t in GGUFReader(tiny_gguf).tensors}
     arch = cfg.model_type
-    for i, layer in enumerate(d.model.model.layers):
+    for i, layer in enumerate(hf.model.layers):
         for name, module in MODULES.items():
             tensor = tensors[f"blk.{i}.{name}.weight"]
             if tensor.tensor_type.name not in gguf_blocks.BITS:
@@ -183,13 +188,11 @@ def test_greedy_rest_equals_plain_decoding_in_the_gguf_mode(gguf_decoder):
     assert_rest_is_plain_decoding(gguf_decoder, gguf_decoder.vocab_size, budgets=(4, 16))
 
 
-def test_the_gguf_step_is_close_to_the_fp32_one(gguf_decoder):
+def test_the_gguf_step_is_close_to_the_fp32_one(gguf_decoder, tiny_gguf):
     """Its logits are the fp32 model's (the same dequantized weights) to within the input rows' quantization."""
-    from rest_lsp.engine.model import LoadedModel
+    from rest_lsp.engine.model import load_model
 
-    fp32 = LoadedModel(model=gguf_decoder.model, tokenizer=None, device=torch.device("cpu"), dtype=torch.float32,
-                       name="fp32")
-    exact = Decoder(fp32)  # the machine's fp32 packing
+    exact = Decoder(load_model(str(tiny_gguf), "cpu", "float32"))  # the machine's fp32 packing
     ids, pos = torch.tensor([3, 14, 15, 92, 65, 35]), torch.arange(6)
     a = gguf_decoder.logits(gguf_decoder.lean.forward(ids, pos, gguf_decoder.lean.new_cache()))
     b = exact.logits(exact.lean.forward(ids, pos, exact.lean.new_cache()))

@@ -1,6 +1,7 @@
-"""A .gguf loaded without a dtype runs in the mode that steps fastest on this machine (engine/mode_choice.py): the
-machine's rule (bfloat16 or float16-weights) or the gguf mode, timed once on the model itself and kept per machine
-and file; an asked-for dtype, REST_LSP_DTYPE or a model folder never times anything."""
+"""A .gguf loaded without a dtype that the gguf mode cannot load from its blocks (gguf_direct.refusal; one it can
+loads that way: test_gguf_direct.py) runs in the mode that steps fastest on this machine (engine/mode_choice.py):
+the machine's rule (bfloat16 or float16-weights) or the gguf mode, timed once on the model itself and kept per
+machine and file; an asked-for dtype, REST_LSP_DTYPE or a model folder never times anything."""
 
 import json
 import logging
@@ -11,7 +12,7 @@ import torch
 from support import tiny_folder
 from test_gguf_mode import needs_kernel, write_gguf
 
-from rest_lsp.engine import mode_choice, runmode
+from rest_lsp.engine import gguf_direct, mode_choice, runmode
 from rest_lsp.engine.decoding import Decoder
 from rest_lsp.engine.model import load_model
 from rest_lsp.engine.model_source import cache_root
@@ -19,9 +20,11 @@ from rest_lsp.engine.model_source import cache_root
 
 @pytest.fixture
 def tiny(tmp_path, monkeypatch):
+    """A .gguf the gguf mode cannot load from its blocks (as if gguf_direct refused it): the timed choice decides."""
     needs_kernel()
     monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(runmode.DTYPE_ENV, raising=False)
+    monkeypatch.setattr(gguf_direct, "refusal", lambda header: "a refusal of this test")
     return write_gguf(tmp_path / "tiny-qwen2.gguf", "qwen2", True)
 
 
