@@ -64,3 +64,28 @@ def write_gguf(path: Path, vocab: int = 97, hidden: int = 64, ffn: int = 128, he
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def random_raw(kind: str, rows: int, k: int, seed: int = 0, scale: float = 1e-3) -> np.ndarray:
+    """A GGUF tensor [rows, k] of block type `kind` (Q8_0 ... Q6_K) as raw bytes [rows, k / block x block bytes]:
+    every quant, 6-bit scale and min byte random (gguf-py writes no K-quants), the fp16 scales finite, near `scale`
+    (and a Q4_1 block's fp16 min negative, near -8 scale), so each weight is a few tenths at most."""
+    from rest_lsp.engine.gguf_blocks import BLOCK_BYTES, SUPERBLOCK
+
+    rng = np.random.default_rng(seed)
+    per, size = SUPERBLOCK.get(kind, 32), BLOCK_BYTES[kind]
+    raw = rng.integers(0, 256, (rows, k // per, size), dtype=np.uint8)
+
+    def put(at: int, values: np.ndarray) -> None:
+        raw[..., at : at + 2] = values.astype(np.float16).view(np.uint8).reshape(rows, k // per, 2)
+
+    draw = lambda: rng.uniform(0.5, 1.5, (rows, k // per)) * scale  # noqa: E731
+    if kind == "Q6_K":
+        put(208, draw() / 8)
+    else:
+        put(0, draw() / (4 if kind in ("Q4_K", "Q5_K") else 1))
+    if kind == "Q4_1":
+        put(2, -8 * draw())
+    if kind in ("Q4_K", "Q5_K"):
+        put(2, draw() / 8)
+    return raw.reshape(rows, -1)
