@@ -325,6 +325,14 @@ def test_every_kept_kind_decodes_as_gguf_dequantizes_its_raw_blocks():
         quant_matmul.pack_blocks(**blocks.fields(), bits=bits)  # in range for its panels
 
 
+def transformers_model(path: Path):
+    """The .gguf as transformers loads it: fp32 weights, dequantized by gguf-py."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                local_files_only=True).eval()
+
+
 # each module's type in a file of K-quant and Q4_1 blocks (K a multiple of 256): a fused q/k/v of Q4_K and Q6_K,
 # a gate/up of Q4_K and Q4_1, Q5_K o, Q6_K down and head, Q4_1 embeddings
 K_TYPES = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q5_K", "ffn_gate": "Q4_K",
@@ -365,10 +373,11 @@ def test_k_quant_and_q4_1_tensors_run_on_their_own_blocks(kquant_decoder, kquant
     tensors = {t.name: t for t in GGUFReader(kquant_gguf).tensors}
     down = gguf_blocks.decode(tensors["blk.1.ffn_down.weight"].data, "Q6_K", ffn)
     assert torch.equal(d.lean.layers[1].down.parts[0].panels, quant_matmul.pack_blocks(**down.fields(), bits=62))
-    assert torch.equal(down.dequantized(), d.model.model.layers[1].mlp.down_proj.weight)
+    hf = transformers_model(kquant_gguf)  # transformers' own dequantization of the file
+    assert torch.equal(down.dequantized(), hf.model.layers[1].mlp.down_proj.weight)
     weights = gguf_blocks.GgufWeights(kquant_gguf)
     with caplog.at_level(logging.INFO, logger="rest_lsp.engine.gguf_blocks"):
-        for i, layer in enumerate(d.model.model.layers):
+        for i, layer in enumerate(hf.model.layers):
             for name, module in MODULES.items():
                 assert weights.blocks(f"blk.{i}.{name}.weight", layer.get_submodule(module).weight) is not None
         weights.report()
@@ -381,13 +390,11 @@ def test_greedy_rest_equals_plain_decoding_with_k_quant_blocks(kquant_decoder):
     assert_rest_is_plain_decoding(kquant_decoder, kquant_decoder.vocab_size, budgets=(4, 16))
 
 
-def test_the_k_quant_step_is_close_to_the_fp32_one(kquant_decoder):
-    """The K-quant panels compute the loaded (dequantized) weights' product, to within the rows' quantization."""
-    from rest_lsp.engine.model import LoadedModel
+def test_the_k_quant_step_is_close_to_the_fp32_one(kquant_decoder, kquant_gguf):
+    """The K-quant panels compute the dequantized weights' product, to within the rows' quantization."""
+    from rest_lsp.engine.model import load_model
 
-    fp32 = LoadedModel(model=kquant_decoder.model, tokenizer=None, device=torch.device("cpu"), dtype=torch.float32,
-                       name="fp32")
-    exact = Decoder(fp32)
+    exact = Decoder(load_model(str(kquant_gguf), "cpu", "float32"))  # the machine's fp32 packing
     ids, pos = torch.tensor([3, 14, 15, 92, 65, 35]), torch.arange(6)
     a = kquant_decoder.logits(kquant_decoder.lean.forward(ids, pos, kquant_decoder.lean.new_cache()))
     b = exact.logits(exact.lean.forward(ids, pos, exact.lean.new_cache()))
