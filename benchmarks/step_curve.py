@@ -10,8 +10,8 @@ weights distinct (so every weight comes from memory once a pass, as in a real st
 are random panels of one format (`--bits`: quant_matmul.FORMATS' codes, 8/5/4 Q8_0/Q5_0/Q4_0, 41 Q4_1, 42 Q4_K,
 52 Q5_K, 62 Q6_K; the kernel's time does not depend on their values; a K-quant's K is rounded up to whole
 superblocks of 256, 896 to 1024). The rows a call and the levels take turns within each round (the machine is
-shared and its speed drifts); a cell is the median of the rounds, and the ratio is to the same level's 1-row pass. `step_curve(level, bits)` returns one level's curve, for
-other benchmarks to import.
+shared and its speed drifts); a cell is the median of the rounds, and the ratio is to the same level's 1-row pass.
+`step_curve(level, bits)` returns one level's curve, for other benchmarks to import.
 """
 
 from __future__ import annotations

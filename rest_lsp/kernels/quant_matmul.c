@@ -684,7 +684,8 @@ static void emit(const float *out, idx r, float *y, idx m0, idx n, idx c0, idx c
 
 /* panels [first, last) for all m rows: on AMX tiles where xa (`amx_layout`) is given, else the tiles of MT rows */
 static void panels(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, idx m, idx nb,
-                   const uint8_t *w, idx n, int bits, const float *bias, float *y, idx first, idx last, const int8_t *xa, const float *xda) {
+                   const uint8_t *w, idx n, int bits, const float *bias, float *y, idx first, idx last,
+                   const int8_t *xa, const float *xda) {
     float out[16 * NB];
     idx stride = panel_bytes(nb, bits);
 #if QM_AMX

@@ -28,7 +28,17 @@ bit. Paths, by the level a library is built for (levels.py): AVX-512 VNNI (zmm, 
 block's weights in registers), AVX-VNNI (ymm), AVX2 (`vpmaddubsw` over |w| and x signed as w, no saturation
 since |x| <= 127; 4- and 5-bit blocks' products q + offset times x added in int16 over 8 or 4 groups, which cannot
 overflow), portable C. AVX-VNNI and AVX2 take up to 16 rows a tile: a block is unpacked (on AVX2 also made signed
-and absolute) once into L1 for all of them, so a tree step streams each panel once. The panels are split between torch's OpenMP threads as in panel_matmul.py.
+and absolute) once into L1 for all of them, so a tree step streams each panel once. The panels are split between
+torch's OpenMP threads as in panel_matmul.py.
+
+K-quant formats (`FORMATS`: Q4_1, Q4_K, Q5_K, Q6_K, as a GGUF holds them; `pack_blocks(..., bits, mins,
+sub_scales, sub_mins)`): their quants are stored as the 4-bit ones are (Q4_1, Q4_K: q in [0, 15], offset 0), the
+5-bit ones (Q5_K: q in [0, 31]) or with two masks a group (Q6_K: q + 32 in [0, 63], 6 bits), and a block has two
+float terms, each one fused multiply-add: Q4_1 and Q4_K/Q5_K a min term, min x (the row block's sum of quants,
+known exactly from the quantization, as llama.cpp's Q8_1 and Q8_K keep it), with factors d and m (Q4_1) or
+d x sc and -(dmin x mn) (K: fp16 d and dmin per superblock of 256, 6-bit sc and mn per block of 32, kept as
+such in the panel); Q6_K two integer sums a block, one per 16 weights, each with its d x sc. Every factor is an
+exact fp32 product, so each level computes the same floats. Their panels never go to the AMX tiles.
 
 A prefill's many rows run on AMX-INT8 tiles where the CPU has them (compiled for a target with AMX-INT8, the tile
 state granted to the process by Linux; from `amx_rows()` rows a call): a panel's blocks unpacked once to their
@@ -388,7 +398,8 @@ def quant_mm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
     x = x.contiguous()
     m, k = x.shape
     if (x.dtype != torch.float32 or panels.dtype != torch.uint8 or panels.dim() != 2 or bits not in CODES
-            or (bits in SUPER and k % SUPERBLOCK) or panels.shape[1] != panel_bytes(k, bits) or panels.shape[0] * PANEL < n or n < 0
+            or (bits in SUPER and k % SUPERBLOCK) or panels.shape[1] != panel_bytes(k, bits)
+            or panels.shape[0] * PANEL < n or n < 0
             or not panels.is_contiguous() or not (x.is_cpu and panels.is_cpu)
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() < n
                                       or not bias.is_cpu))):

@@ -53,8 +53,8 @@ def test_every_row_count_gives_each_row_its_own_bits_in_the_two_term_formats(lev
             x[4, :32] = 0  # a row block of zeros
             want = quant_matmul.quant_mm(x, panels, n, bias, lib=mine, bits=bits)
             extra = {name: t for name, t in blocks.items() if name not in ("quants", "scales")}
-            torch.testing.assert_close(want, quant_matmul.reference_blocks(
-                x, blocks["quants"], blocks["scales"], bias, bits, **extra), rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+            reference = quant_matmul.reference_blocks(x, blocks["quants"], blocks["scales"], bias, bits, **extra)
+            torch.testing.assert_close(want, reference, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
             alone = torch.cat([quant_matmul.quant_mm(x[i : i + 1], panels, n, bias, lib=lib, bits=bits)
                                for i in range(33)])
             assert torch.equal(alone, want), bits
