@@ -24,8 +24,8 @@ typedef long long idx;
    block: w = d q + m); 42, 52 Q4_K, Q5_K (256-weight superblocks: fp16 d and dmin, and per block of 32 a 6-bit
    scale sc and min mn: w = (d sc) q - (dmin mn)); 62 Q6_K (fp16 d a superblock, an int8 scale per 16 weights:
    w = (d sc) (q - 32)). Each stores its quants as bytes u = q + OFFSET of WIDTH bits: 8, the bytes themselves; 4,
-   nibbles, two groups a 64-byte vector; 5 and 6, those nibbles, then per bit above the fourth one 64-bit mask a
-   group. The integer sum of a block is sum((u - OFFSET) x) (`SPLIT`: two, one per half of 16 weights), the offset
+   nibbles, two groups a 64-byte vector; 5, those nibbles, then one 64-bit mask a group of the fifth bits; 6, the
+   nibbles, then two 64-byte vectors of the top 2 bits (vector j, byte i: group 4 j + c's byte i at bits 2 c). The integer sum of a block is sum((u - OFFSET) x) (`SPLIT`: two, one per half of 16 weights), the offset
    taken back out as OFFSET x (the row block's or half's sum of quants); then the float steps, one fused
    multiply-add each: acc += float(sum) (f0 dx), and for `TWO` formats acc += B (f1 dx), B the row block's sum of
    quants (MINS: f1 = m, or -(dmin mn)) or the second half's sum (SPLIT: f1 = d sc1). d sc and dmin mn are exact in
@@ -168,12 +168,22 @@ INLINE void unpack(const uint8_t *wb, int width, __m512i w[8]) {
         w[2 * j] = _mm512_and_si512(v, low);
         w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
     }
-    for (int plane = 0; plane < width - 4; plane++) {
-        const __m512i bit = _mm512_set1_epi8((char)(0x10 << plane));
+    if (width == 5) {
+        const __m512i fifth = _mm512_set1_epi8(0x10);
         for (int g = 0; g < 8; g++) {
             uint64_t mask;
-            memcpy(&mask, wb + 256 + 64 * plane + 8 * g, 8);
-            w[g] = _mm512_mask_add_epi8(w[g], (__mmask64)mask, w[g], bit);
+            memcpy(&mask, wb + 256 + 8 * g, 8);
+            w[g] = _mm512_mask_add_epi8(w[g], (__mmask64)mask, w[g], fifth);
+        }
+    }
+    if (width == 6) {
+        const __m512i top = _mm512_set1_epi8(0x30);
+        for (int j = 0; j < 2; j++) {
+            __m512i c = _mm512_loadu_si512((const void *)(wb + 256 + 64 * j));
+            w[4 * j] = _mm512_or_si512(w[4 * j], _mm512_and_si512(_mm512_slli_epi16(c, 4), top));
+            w[4 * j + 1] = _mm512_or_si512(w[4 * j + 1], _mm512_and_si512(_mm512_slli_epi16(c, 2), top));
+            w[4 * j + 2] = _mm512_or_si512(w[4 * j + 2], _mm512_and_si512(c, top));
+            w[4 * j + 3] = _mm512_or_si512(w[4 * j + 3], _mm512_and_si512(_mm512_srli_epi16(c, 2), top));
         }
     }
 }
@@ -250,21 +260,33 @@ INLINE const uint8_t *unpack(const uint8_t *wb, int width, uint8_t *ub) {
             _mm256_store_si256((__m256i *)(ub + 128 * j + 64 + 32 * h),
                                _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
         }
-    /* per bit above the fourth, 32 mask bits -> 32 bytes: byte i takes mask byte i / 8, keeps bit i % 8, and
-       becomes that bit's value or 0 */
-    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    for (int plane = 0; plane < width - 4; plane++) {
-        const __m256i value = _mm256_set1_epi8((char)(0x10 << plane));
+    if (width == 5) {
+        /* 32 mask bits -> 32 bytes: byte i takes mask byte i / 8, keeps bit i % 8, and becomes 0x10 or 0 */
+        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        const __m256i fifth = _mm256_set1_epi8(0x10);
         for (int g = 0; g < 8; g++)
             for (int h = 0; h < 2; h++) {
                 int32_t mask;
-                memcpy(&mask, wb + 256 + 64 * plane + 8 * g + 4 * h, 4);
+                memcpy(&mask, wb + 256 + 8 * g + 4 * h, 4);
                 __m256i e = _mm256_shuffle_epi8(_mm256_set1_epi32(mask), pick);
-                e = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(e, bit), bit), value);
+                e = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(e, bit), bit), fifth);
                 __m256i *u = (__m256i *)(ub + 64 * g + 32 * h);
                 _mm256_store_si256(u, _mm256_or_si256(_mm256_load_si256(u), e));
+            }
+    }
+    if (width == 6) {
+        /* the top 2 bits: group 4 j + c's at bits 2 c of vector j, moved to bits 4-5 */
+        const __m256i top = _mm256_set1_epi8(0x30);
+        for (int j = 0; j < 2; j++)
+            for (int h = 0; h < 2; h++) {
+                __m256i c = _mm256_loadu_si256((const __m256i *)(wb + 256 + 64 * j + 32 * h));
+                __m256i e[4] = {_mm256_slli_epi16(c, 4), _mm256_slli_epi16(c, 2), c, _mm256_srli_epi16(c, 2)};
+                for (int i = 0; i < 4; i++) {
+                    __m256i *u = (__m256i *)(ub + 64 * (4 * j + i) + 32 * h);
+                    _mm256_store_si256(u, _mm256_or_si256(_mm256_load_si256(u), _mm256_and_si256(e[i], top)));
+                }
             }
     }
     return ub;
@@ -462,10 +484,14 @@ INLINE const uint8_t *unpack(const uint8_t *wb, int width, uint8_t *ub) {
             ub[128 * j + i] = wb[64 * j + i] & 15;
             ub[128 * j + 64 + i] = wb[64 * j + i] >> 4;
         }
-    for (int plane = 0; plane < width - 4; plane++)
+    if (width == 5)
         for (int g = 0; g < 8; g++)
             for (int i = 0; i < 64; i++)
-                ub[64 * g + i] |= ((wb[256 + 64 * plane + 8 * g + i / 8] >> (i % 8)) & 1) << (4 + plane);
+                ub[64 * g + i] |= ((wb[256 + 8 * g + i / 8] >> (i % 8)) & 1) << 4;
+    if (width == 6)
+        for (int g = 0; g < 8; g++)
+            for (int i = 0; i < 64; i++)
+                ub[64 * g + i] |= ((wb[256 + 64 * (g / 4) + i] >> (2 * (g % 4))) & 3) << 4;
     return ub;
 }
 /* block b's float factors f0 (and f1 for TWO formats) of a panel's 16 columns */

@@ -33,7 +33,8 @@ torch's OpenMP threads as in panel_matmul.py.
 
 K-quant formats (`FORMATS`: Q4_1, Q4_K, Q5_K, Q6_K, as a GGUF holds them; `pack_blocks(..., bits, mins,
 sub_scales, sub_mins)`): their quants are stored as the 4-bit ones are (Q4_1, Q4_K: q in [0, 15], offset 0), the
-5-bit ones (Q5_K: q in [0, 31]) or with two masks a group (Q6_K: q + 32 in [0, 63], 6 bits), and a block has two
+5-bit ones (Q5_K: q in [0, 31]) or as nibbles and then two 64-byte vectors of their top 2 bits (Q6_K: q + 32 in
+[0, 63]; vector j's byte i holds group 4 j + c's at bits 2 c), and a block has two
 float terms, each one fused multiply-add: Q4_1 and Q4_K/Q5_K a min term, min x (the row block's sum of quants,
 known exactly from the quantization, as llama.cpp's Q8_1 and Q8_K keep it), with factors d and m (Q4_1) or
 d x sc and -(dmin x mn) (K: fp16 d and dmin per superblock of 256, 6-bit sc and mn per block of 32, kept as
@@ -314,10 +315,14 @@ def pack_blocks(quants: torch.Tensor, scales: torch.Tensor, bits: int = 8, mins:
         low = u & 15
         nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [P, nb, 4, 64]: groups 2j low, 2j + 1 high
         parts = [nibbles.reshape(count, nb, 256)]
-        for plane in range(width - 4):  # bit i of group g's mask (a little-endian uint64) is byte i's bit 4 + plane
-            bit = ((u >> (4 + plane)) & 1).view(count, nb, 8, 8, 8).long()
-            masks = (bit << torch.arange(8)).sum(-1).to(torch.uint8)  # [P, nb, 8 groups, 8 bytes]
+        if width == 5:  # bit i of group g's mask (a little-endian uint64) is byte i's fifth bit
+            fifth = ((u >> 4) & 1).view(count, nb, 8, 8, 8).long()
+            masks = (fifth << torch.arange(8)).sum(-1).to(torch.uint8)  # [P, nb, 8 groups, 8 bytes]
             parts.append(masks.reshape(count, nb, 64))
+        if width == 6:  # vector j's byte i: the top 2 bits of group 4 j + c's byte i at bits 2 c
+            top = u >> 4
+            parts.append((top[:, :, 0::4] | (top[:, :, 1::4] << 2) | (top[:, :, 2::4] << 4) | (top[:, :, 3::4] << 6))
+                         .reshape(count, nb, 128))
         body = torch.cat(parts, -1).reshape(count, nb * BLOCK_BYTES[bits])
     fields = [scales] + ([mins] if bits in MINS else []) + ([sub_scales] if bits in SUPER else []) + (
         [sub_mins] if bits in (42, 52) else [])
