@@ -453,3 +453,31 @@ def test_the_code_model_in_the_gguf_mode_rest_equals_plain(code_decoder):
         wrong = [t if i % 3 else (t + 1) % decoder.vocab_size for i, t in enumerate(truth)]
         for source in (ContextLookup(), NgramDrafts([prompt + truth]), NgramDrafts([prompt + wrong])):
             assert decoder.generate(prompt, source, DecodeConfig(max_new_tokens=24, budget=16)).tokens == truth
+
+
+@pytest.fixture(scope="module")
+def default_gguf_decoder():
+    from rest_lsp.engine.model import DEFAULT_MODEL, load_model, load_tokenizer
+
+    needs_kernel()
+    return Decoder(load_model(DEFAULT_MODEL, "cpu", "gguf")), load_tokenizer(DEFAULT_MODEL)
+
+
+@pytest.mark.slow
+def test_the_default_models_q4_1_tensors_run_on_their_own_blocks_and_rest_equals_plain(default_gguf_decoder):
+    """SmolLM2-135M Q4_1: every linear layer on Q4_1 panels (none requantized to Q8_0), the head (its Q8_0 token
+    embeddings) on 8-bit ones; greedy REST writes what plain decoding writes, with perfect and partly right drafts."""
+    from rest_lsp.drafting.drafts import ContextLookup, NgramDrafts
+
+    decoder, tokenizer = default_gguf_decoder
+    assert decoder.mode == "gguf"
+    q4_1 = quant_matmul.FORMATS["Q4_1"]
+    for layer in decoder.lean.layers:
+        assert {bits for mm in (layer.qkv, layer.o, layer.gate_up, layer.down) for bits, _ in widths(mm)} == {q4_1}
+    assert widths(decoder.lean.head) == [(8, decoder.vocab_size)]
+    text = "import os\n\n\ndef list_python_files(folder):\n"
+    prompt = tokenizer.encode(text)
+    truth = plain_tokens(decoder, prompt, 24)
+    wrong = [t if i % 3 else (t + 1) % decoder.vocab_size for i, t in enumerate(truth)]
+    for source in (ContextLookup(), NgramDrafts([prompt + truth]), NgramDrafts([prompt + wrong])):
+        assert decoder.generate(prompt, source, DecodeConfig(max_new_tokens=24, budget=16)).tokens == truth
