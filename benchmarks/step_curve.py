@@ -67,7 +67,8 @@ class Pass:
         clock = time.thread_time if threads == 1 else time.perf_counter
         start = clock()
         for n, k, panels in self.weights:
-            if lib.quant_mm(xp, rows, k, panels.data_ptr(), n, self.bits, None, yp, threads) < 0:
+            if lib.quant_mm(xp, self.x.numel(), rows, k, panels.data_ptr(), panels.numel(), n, self.bits, None, 0,
+                            yp, self.y.numel(), threads) < 0:
                 raise MemoryError("quant_mm: no scratch memory")
         return (clock() - start) * 1e3
 
