@@ -1,15 +1,17 @@
 """The quantized kernel alone over the linear layers of one step of the code model (Qwen2.5-Coder-0.5B's shapes), by
 rows a call and instruction-set level: the step-cost curve a tree step pays for its rows.
 
-    .venv/bin/python benchmarks/step_curve.py [--levels avx2,avx-vnni,avx512-vnni] [--bits 8,5,4] [--rows 1,2,4,8,16]
+    .venv/bin/python benchmarks/step_curve.py [--levels avx2,avx-vnni,avx512-vnni] [--bits 8,5,4,41,42,52,62]
+                                              [--rows 1,2,4,8,16]
                                               [--layers 24] [--rounds 7] [--threads 1] [--no-head]
 
 A pass is what a step's linear layers do: per layer the fused q/k/v, o, fused gate/up and down products, each layer's
 weights distinct (so every weight comes from memory once a pass, as in a real step), then the LM head. The weights
-are random panels of `bits`-bit blocks (the kernel's time does not depend on their values). The rows a call and the
-levels take turns within each round (the machine is shared and its speed drifts); a cell is the median of the
-rounds, and the ratio is to the same level's 1-row pass. `step_curve(level, bits)` returns one level's curve, for
-other benchmarks to import.
+are random panels of one format (`--bits`: quant_matmul.FORMATS' codes, 8/5/4 Q8_0/Q5_0/Q4_0, 41 Q4_1, 42 Q4_K,
+52 Q5_K, 62 Q6_K; the kernel's time does not depend on their values; a K-quant's K is rounded up to whole
+superblocks of 256, 896 to 1024). The rows a call and the levels take turns within each round (the machine is
+shared and its speed drifts); a cell is the median of the rounds, and the ratio is to the same level's 1-row pass.
+`step_curve(level, bits)` returns one level's curve, for other benchmarks to import.
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ ROWS = (1, 2, 4, 8, 16)
 
 
 def random_panels(n: int, k: int, bits: int, gen: torch.Generator) -> torch.Tensor:
-    """Panels of random `bits`-bit blocks for an [n, k] weight (any byte is a valid quant), every scale 1/64."""
+    """Panels of random blocks of format `bits` (a code of quant_matmul.FORMATS) for an [n, k] weight (any byte is
+    a valid quant or 6-bit scale), every fp16 scale and min 1/64."""
     count, nb = -(-n // quant_matmul.PANEL), -(-k // quant_matmul.BLOCK)
     panels = torch.randint(0, 256, (count, quant_matmul.panel_bytes(k, bits)), generator=gen, dtype=torch.uint8)
     body = nb * quant_matmul.BLOCK_BYTES[bits]
-    scales = panels[:, body : body + nb * quant_matmul.PANEL * 2]
+    halves = nb if bits in quant_matmul.BITS else 2 * nb if bits == 41 else nb // 8 * (1 if bits == 62 else 2)
+    scales = panels[:, body : body + halves * quant_matmul.PANEL * 2]
     scales.view(torch.float16).fill_(1 / 64)
+    if bits in (42, 52):  # the 6-bit scales and mins in [0, 63]
+        panels[:, body + halves * quant_matmul.PANEL * 2 : body + quant_matmul.tail_bytes(nb, bits)] &= 63
     return panels
 
 
@@ -46,6 +52,8 @@ class Pass:
     def __init__(self, bits: int, layers: int = LAYERS, head: bool = True, seed: int = 0):
         gen = torch.Generator().manual_seed(seed)
         shapes = [shape for _ in range(layers) for shape in LAYER.values()] + ([HEAD] if head else [])
+        if bits in quant_matmul.SUPER:  # whole superblocks
+            shapes = [(n, -(-k // quant_matmul.SUPERBLOCK) * quant_matmul.SUPERBLOCK) for n, k in shapes]
         self.bits = bits
         self.weights = [(n, k, random_panels(n, k, bits, gen)) for n, k in shapes]
         self.bytes = sum(p.numel() for _, _, p in self.weights)
@@ -102,7 +110,8 @@ def main() -> None:
     for bits in (int(b) for b in args.bits.split(",")):
         result = curves(args.levels.split(","), bits, rows, args.layers, args.rounds, args.threads,
                         not args.no_head)
-        print(f"\n{bits}-bit panels | " + " | ".join(f"{r} rows" for r in rows))
+        name = next(kind for kind, code in quant_matmul.FORMATS.items() if code == bits)
+        print(f"\n{name} panels | " + " | ".join(f"{r} rows" for r in rows))
         for level, curve in result.items():
             one = curve.get(1, curve[rows[0]])
             print(f"{level:12s} | " + " | ".join(f"{curve[r]:6.1f} ({curve[r] / one:4.2f}x)" for r in rows))

@@ -18,10 +18,12 @@ def tensor_names(layers: int = 1) -> list[str]:
 
 def write_gguf(path: Path, vocab: int = 97, hidden: int = 64, ffn: int = 128, heads: int = 4, kv: int = 2,
                layers: int = 1, seed: int = 0, skip: tuple[str, ...] = (), extra_tokens: int = 0,
-               kinds: dict[str, str] | None = None, metadata: dict | None = None) -> Path:
+               kinds: dict[str, str] | None = None, metadata: dict | None = None, eos: int | None = 0) -> Path:
     """A random llama model as a .gguf with a small BPE tokenizer (94 characters, 3 merges, `extra_tokens` more);
-    tensors named in `skip` are left out; `kinds` maps a tensor kind (attn_q, token_embd...) to a GGML type;
-    `metadata` adds or replaces header fields (key -> value, written with the writer's add_key_value)."""
+    tensors named in `skip` are left out; `kinds` maps a tensor kind (attn_q, token_embd...) to a GGML type (Q4_K,
+    Q5_K and Q6_K ones are `random_raw` blocks);
+    `metadata` adds or replaces header fields (key -> value, written with the writer's add_key_value); `eos` is the
+    end-of-text token (None: no such token)."""
     from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
     from gguf.quants import quantize
 
@@ -41,7 +43,8 @@ def write_gguf(path: Path, vocab: int = 97, hidden: int = 64, ffn: int = 128, he
     w.add_token_list(toks)
     w.add_token_types([1] * len(toks))
     w.add_token_merges(["a b", "c d", "e f"])
-    w.add_eos_token_id(0)
+    if eos is not None:
+        w.add_eos_token_id(eos)
     hd = hidden // heads
     shapes = {"token_embd": (vocab, hidden), "output_norm": (hidden,), "output": (vocab, hidden),
               "attn_norm": (hidden,), "ffn_norm": (hidden,), "attn_q": (heads * hd, hidden),
@@ -56,6 +59,9 @@ def write_gguf(path: Path, vocab: int = 97, hidden: int = 64, ffn: int = 128, he
         kind = (kinds or {}).get(part, "F32")
         if kind in ("F32", "F16"):
             w.add_tensor(name, a.astype(np.float16) if kind == "F16" else a)
+        elif kind in ("Q4_K", "Q5_K", "Q6_K"):  # gguf-py does not quantize to these: random blocks of the shape
+            k = GGMLQuantizationType[kind]
+            w.add_tensor(name, random_raw(kind, *shapes[part], seed=len(name) + ord(name[-8]), scale=2e-4), raw_dtype=k)
         else:
             k = GGMLQuantizationType[kind]
             w.add_tensor(name, quantize(a, k), raw_dtype=k)
@@ -64,3 +70,28 @@ def write_gguf(path: Path, vocab: int = 97, hidden: int = 64, ffn: int = 128, he
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def random_raw(kind: str, rows: int, k: int, seed: int = 0, scale: float = 1e-3) -> np.ndarray:
+    """A GGUF tensor [rows, k] of block type `kind` (Q8_0 ... Q6_K) as raw bytes [rows, k / block x block bytes]:
+    every quant, 6-bit scale and min byte random (gguf-py writes no K-quants), the fp16 scales finite, near `scale`
+    (and a Q4_1 block's fp16 min negative, near -8 scale), so each weight is a few tenths at most."""
+    from rest_lsp.engine.gguf_blocks import BLOCK_BYTES, SUPERBLOCK
+
+    rng = np.random.default_rng(seed)
+    per, size = SUPERBLOCK.get(kind, 32), BLOCK_BYTES[kind]
+    raw = rng.integers(0, 256, (rows, k // per, size), dtype=np.uint8)
+
+    def put(at: int, values: np.ndarray) -> None:
+        raw[..., at : at + 2] = values.astype(np.float16).view(np.uint8).reshape(rows, k // per, 2)
+
+    draw = lambda: rng.uniform(0.5, 1.5, (rows, k // per)) * scale  # noqa: E731
+    if kind == "Q6_K":
+        put(208, draw() / 8)
+    else:
+        put(0, draw() / (4 if kind in ("Q4_K", "Q5_K") else 1))
+    if kind == "Q4_1":
+        put(2, -8 * draw())
+    if kind in ("Q4_K", "Q5_K"):
+        put(2, draw() / 8)
+    return raw.reshape(rows, -1)

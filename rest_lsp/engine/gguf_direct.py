@@ -228,7 +228,7 @@ class _Builder:
                     if heads:
                         blocks = gguf_blocks.llama_rows(blocks, heads)
                     out[first // quant_matmul.PANEL : -(-(first + blocks.quants.shape[0]) // quant_matmul.PANEL)] = (
-                        quant_matmul.pack_blocks(blocks.quants, blocks.scales, bits))
+                        quant_matmul.pack_blocks(**blocks.fields(), bits=bits))
                     del blocks
             except _Mismatch:
                 log.warning("The %s blocks of %s do not dequantize as gguf does; they run requantized to Q8_0.",

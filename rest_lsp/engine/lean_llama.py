@@ -14,8 +14,8 @@ fused into one matmul each, made once) over a KV cache of its own:
   - on a CPU the matmuls run on a packed copy of the weights (`Matmul`, the packing chosen by engine/runmode.py):
     in fp32 our panel kernel where a compiler builds it (panel_matmul.py: each row's result independent of the
     rows beside it), else oneDNN's layout; fbgemm's fp16 copy in float16-weights; a GGUF's Q8_0 blocks on our
-    integer kernel in q8_0 (quant_matmul.py), its Q8_0, Q5_0 and Q4_0 blocks as they are in gguf. MKL behind
-    F.linear runs 2+ rows as a GEMM that costs several times one row's GEMV, which a tree step cannot afford
+    integer kernel in q8_0 (quant_matmul.py), its Q8_0, Q5_0, Q4_0, Q4_1 and K-quant blocks as they are in gguf.
+    MKL behind F.linear runs 2+ rows as a GEMM that costs several times one row's GEMV, which a tree step cannot afford
     (benchmarks/RESULTS.md, "Kernels"). The price: a second copy of the linear weights (the model's own stay for
     the transformers path).
 

@@ -55,8 +55,9 @@ class Matmul(torch.nn.Module):
       once, so outputs differ from fp32's where the model is near a tie: the "float16-weights" mode);
     - "q8": Q8_0 blocks (a GGUF's own, or the weight quantized to them) on rest-lsp's integer kernel
       (quant_matmul.py; the rows quantized per block of 32, each row's result the same for any number of rows);
-    - "gguf": the same kernel on a .gguf's own Q8_0, Q5_0 and Q4_0 blocks (8, 5 and 4-bit panels, `blocks`: one
-      (rows, gguf_blocks.Blocks or None) a fused part), the other tensors' weights quantized to Q8_0 as in "q8".
+    - "gguf": the same kernel on a .gguf's own Q8_0, Q5_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K blocks (panels of
+      each format, quant_matmul.FORMATS; `blocks`: one (rows, gguf_blocks.Blocks or None) a fused part), the
+      other tensors' weights quantized to Q8_0 as in "q8".
     A module, so that the layer stack can run as TorchScript (`LayerStack`)."""
 
     packing = "none"
@@ -114,7 +115,7 @@ class QuantMatmul(Matmul):
     def __init__(self, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None, bits: int = 8):
         super().__init__()
         self.panels, self.out_features, self.bias = panels, out_features, bias  # uint8 [N/16, bytes], N, [N]
-        self.bits = bits  # the width of the panels' blocks: 8, 5 or 4
+        self.bits = bits  # the panels' format code (quant_matmul.FORMATS): 8, 5, 4 the one-scale widths; 41...62
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.rest_lsp.quant_mm(x, self.panels, self.out_features, self.bias, self.bits)
@@ -134,27 +135,31 @@ class GgufMatmul(Matmul):
     @torch.no_grad()
     def of_blocks(weight: torch.Tensor, bias: torch.Tensor | None, blocks: list) -> "GgufMatmul":
         """`blocks`: (rows, gguf_blocks.Blocks or None) for consecutive row ranges of `weight`; None quantizes
-        those rows to Q8_0. Neighbouring ranges of one width share a part."""
+        those rows to Q8_0. Neighbouring ranges of one format share a part."""
         from rest_lsp.kernels import quant_matmul
 
-        runs: list[list] = []  # [bits, quants, scales, first row, rows]
+        runs: list[list] = []  # [format code, [fields of each range], first row, rows]
         start = 0
         for rows, found in blocks:
             if found is None:
-                bits, (q, d) = 8, quant_matmul.quantize_q8_0(weight[start : start + rows])
+                q, d = quant_matmul.quantize_q8_0(weight[start : start + rows])
+                bits, fields = 8, {"quants": q, "scales": d}
             else:
-                bits, q, d = found.bits, found.quants, found.scales
+                bits, fields = found.bits, found.fields()
             if runs and runs[-1][0] == bits:
-                last = runs[-1]
-                last[1], last[2], last[4] = torch.cat([last[1], q]), torch.cat([last[2], d]), last[4] + rows
+                runs[-1][1].append(fields)
+                runs[-1][3] += rows
             else:
-                runs.append([bits, q, d, start, rows])
+                runs.append([bits, [fields], start, rows])
             start += rows
         if start != weight.shape[0]:
             raise ValueError(f"blocks for {start} rows of a weight of {weight.shape[0]}")
-        return GgufMatmul([QuantMatmul(quant_matmul.pack_blocks(q, d, bits), rows,
-                                       None if bias is None else bias[first : first + rows].float().contiguous(), bits)
-                           for bits, q, d, first, rows in runs])
+        parts = []
+        for bits, ranges, first, rows in runs:
+            fields = {name: torch.cat([r[name] for r in ranges]) for name in ranges[0]}
+            parts.append(QuantMatmul(quant_matmul.pack_blocks(**fields, bits=bits), rows,
+                                     None if bias is None else bias[first : first + rows].float().contiguous(), bits))
+        return GgufMatmul(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         outs: List[torch.Tensor] = []

@@ -28,10 +28,11 @@ FP16_WEIGHTS = "float16-weights"
 # per block of 32, so it is not the exact mode, but a row's result does not depend on the rows beside it: REST output
 # is plain decoding's in this mode.
 Q8_WEIGHTS = "q8_0"
-# fp32 activations over a .gguf's own weight blocks on the same kernel: its Q8_0, Q5_0 and Q4_0 tensors as they are in
-# the file (5 and 4-bit panels: a step streams fewer bytes than q8_0), the others (Q4_K, Q6_K, F16...) requantized to
-# Q8_0. Outputs depend on the file's blocks and the per-block quantization of each matmul's input rows, as in q8_0; a
-# row's matmuls do not depend on the rows beside it. A model that is not a .gguf is refused.
+# fp32 activations over a .gguf's own weight blocks on the same kernel: its Q8_0, Q5_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K
+# tensors as they are in the file (panels of 4 to 8 bits a quant: a step streams fewer bytes than q8_0), the others
+# (F16, IQ*...) requantized to Q8_0. Outputs depend on the file's blocks and the per-block quantization of each
+# matmul's input rows, as in q8_0; a row's matmuls do not depend on the rows beside it. A model that is not a .gguf
+# is refused.
 GGUF_WEIGHTS = "gguf"
 # The dtype a load gets when none is asked for, in place of the machine's own default (as if --dtype named it):
 # `./dev.sh test` sets it for a second pass over the tests of the default mode, so the other path runs too.

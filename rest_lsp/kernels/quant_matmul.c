@@ -20,10 +20,31 @@ typedef long long idx;
 #endif
 #define INLINE static inline __attribute__((always_inline))
 
-/* a block's stored bytes (8: the bytes q + 128; 4: nibbles q + 8, two groups a 64-byte vector; 5: the nibbles of
-   q + 16, then one 64-bit mask a group holding the fifth bits) and the offset taken back out */
-#define BYTES(bits) ((bits) == 8 ? 512 : (bits) == 5 ? 320 : 256)
-#define OFFSET(bits) ((bits) == 8 ? 128 : (bits) == 5 ? 16 : 8)
+/* A panel's format (`fmt`): 8, 5, 4 are Q8_0, Q5_0, Q4_0 blocks (one fp16 scale a block); 41 Q4_1 (fp16 d and m a
+   block: w = d q + m); 42, 52 Q4_K, Q5_K (256-weight superblocks: fp16 d and dmin, and per block of 32 a 6-bit
+   scale sc and min mn: w = (d sc) q - (dmin mn)); 62 Q6_K (fp16 d a superblock, an int8 scale per 16 weights:
+   w = (d sc) (q - 32)). Each stores its quants as bytes u = q + OFFSET of WIDTH bits: 8, the bytes themselves; 4,
+   nibbles, two groups a 64-byte vector; 5, those nibbles, then one 64-bit mask a group of the fifth bits; 6, the
+   nibbles, then two 64-byte vectors of the top 2 bits (vector j, byte i: group 4 j + c's byte i at bits 2 c). The integer sum of a block is sum((u - OFFSET) x) (`SPLIT`: two, one per half of 16 weights), the offset
+   taken back out as OFFSET x (the row block's or half's sum of quants); then the float steps, one fused
+   multiply-add each: acc += float(sum) (f0 dx), and for `TWO` formats acc += B (f1 dx), B the row block's sum of
+   quants (MINS: f1 = m, or -(dmin mn)) or the second half's sum (SPLIT: f1 = d sc1). d sc and dmin mn are exact in
+   fp32 (11 x 8 bits at most), so every level computes the same f0 and f1. */
+#define LEGACY(f) ((f) == 8 || (f) == 5 || (f) == 4)
+#define KNOWN(f) (LEGACY(f) || (f) == 41 || (f) == 42 || (f) == 52 || (f) == 62)
+#define WIDTH(f) ((f) == 8 ? 8 : (f) == 5 || (f) == 52 ? 5 : (f) == 62 ? 6 : 4)
+#define OFFSET(f) ((f) == 8 ? 128 : (f) == 5 ? 16 : (f) == 4 ? 8 : (f) == 62 ? 32 : 0)
+#define BYTES(f) (WIDTH(f) == 8 ? 512 : 256 + 64 * (WIDTH(f) - 4))
+#define SUPER(f) ((f) == 42 || (f) == 52 || (f) == 62)  /* scales per superblock of 8 blocks */
+#define MINS(f) ((f) == 41 || (f) == 42 || (f) == 52)
+#define SPLIT(f) ((f) == 62)
+#define TWO(f) (MINS(f) || SPLIT(f))
+/* the bytes after a panel's quants: fp16 [nb][16] d (LEGACY); fp16 d, m [nb][16] each (41); fp16 d, dmin [ns][16]
+   each then int8 sc, mn [nb][16] each (42, 52); fp16 d [ns][16] then int8 sc [nb][2][16] (62); ns = nb / 8 */
+static long long tail_bytes(long long nb, int f) {
+    long long ns = nb / 8;
+    return LEGACY(f) ? nb * 32 : f == 41 ? nb * 64 : f == 62 ? ns * 32 + nb * 32 : ns * 64 + nb * 32;
+}
 
 /* 3: AVX-512 VNNI, 2: AVX-VNNI, 1: AVX2, 0: portable C */
 #ifndef QM_PATH
@@ -68,10 +89,11 @@ typedef long long idx;
 #define AMX_OUT (1536 * 1024) /* and at most these bytes of their output rows */
 #endif
 
-static idx panel_bytes(idx nb, int bits) { return nb * BYTES(bits) + (nb * NB * 2 + 63) / 64 * 64; }
+static idx panel_bytes(idx nb, int fmt) { return nb * BYTES(fmt) + (tail_bytes(nb, fmt) + 63) / 64 * 64; }
 
-/* the rows quantized per block: xq [m][nb*32], xd [m][nb] (scales), xs [m][nb] (sums of the quants) */
-static void quantize_rows(const float *x, idx m, idx k, idx nb, int8_t *xq, float *xd, int32_t *xs) {
+/* the rows quantized per block: xq [m][nb*32], xd [m][nb] (scales), xs [m][nb] (sums of the quants), xh [m][nb]
+   (sums of the first 16 quants; may be NULL) */
+static void quantize_rows(const float *x, idx m, idx k, idx nb, int8_t *xq, float *xd, int32_t *xs, int32_t *xh) {
     for (idx r = 0; r < m; r++) {
 #if QM_PATH == 3
         /* the same operations 16 lanes at a time: max (a > amax ? a : amax, lane by lane, then over the lanes: the
@@ -91,6 +113,7 @@ static void quantize_rows(const float *x, idx m, idx k, idx nb, int8_t *xq, floa
             _mm_storeu_si128((__m128i *)(xq + r * nb * QK + j + 16), _mm512_cvtepi32_epi8(q1));
             xd[r * nb + b] = d;
             xs[r * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            if (xh) xh[r * nb + b] = _mm512_reduce_add_epi32(q0);
         }
         continue;
 #endif
@@ -103,14 +126,16 @@ static void quantize_rows(const float *x, idx m, idx k, idx nb, int8_t *xq, floa
                 amax = a > amax ? a : amax;
             }
             float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            int32_t s = 0;
+            int32_t s = 0, h = 0;
             for (int i = 0; i < QK; i++) {
                 int q = (int)nearbyintf(v[i] * id);
                 xq[r * nb * QK + b * QK + i] = (int8_t)q;
                 s += q;
+                if (i == QK / 2 - 1) h = s;
             }
             xd[r * nb + b] = d;
             xs[r * nb + b] = s;
+            if (xh) xh[r * nb + b] = h;
         }
     }
 }
@@ -127,12 +152,13 @@ static float half_to_float(uint16_t h) {
     return f;
 }
 
-/* rows [R] of the quantized input times one panel of `bits`-bit blocks; out [R][NB]. A block's weights are first
-   unpacked to the unsigned bytes q + OFFSET(bits), then dotted with the rows' quants as 8-bit ones are; the
-   offset comes back out as OFFSET x (the row block's sum of quants): the same exact int32 sum for every width */
+/* rows [R] of the quantized input times one panel of `fmt` blocks; out [R][NB]. A block's weights are first
+   unpacked to the unsigned bytes u = q + OFFSET(fmt), then dotted with the rows' quants as 8-bit ones are; the
+   offset comes back out as OFFSET x (the row block's, or half's, sum of quants): the same exact int32 sums for
+   every width. Then the block's float steps (see BYTES), in the same order on every path. */
 #if QM_PATH == 3
-INLINE void unpack(const uint8_t *wb, int bits, __m512i w[8]) {
-    if (bits == 8) {
+INLINE void unpack(const uint8_t *wb, int width, __m512i w[8]) {
+    if (width == 8) {
         for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(wb + 64 * g));
         return;
     }
@@ -142,7 +168,7 @@ INLINE void unpack(const uint8_t *wb, int bits, __m512i w[8]) {
         w[2 * j] = _mm512_and_si512(v, low);
         w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
     }
-    if (bits == 5) {
+    if (width == 5) {
         const __m512i fifth = _mm512_set1_epi8(0x10);
         for (int g = 0; g < 8; g++) {
             uint64_t mask;
@@ -150,30 +176,71 @@ INLINE void unpack(const uint8_t *wb, int bits, __m512i w[8]) {
             w[g] = _mm512_mask_add_epi8(w[g], (__mmask64)mask, w[g], fifth);
         }
     }
+    if (width == 6) {
+        const __m512i top = _mm512_set1_epi8(0x30);
+        for (int j = 0; j < 2; j++) {
+            __m512i c = _mm512_loadu_si512((const void *)(wb + 256 + 64 * j));
+            w[4 * j] = _mm512_or_si512(w[4 * j], _mm512_and_si512(_mm512_slli_epi16(c, 4), top));
+            w[4 * j + 1] = _mm512_or_si512(w[4 * j + 1], _mm512_and_si512(_mm512_slli_epi16(c, 2), top));
+            w[4 * j + 2] = _mm512_or_si512(w[4 * j + 2], _mm512_and_si512(c, top));
+            w[4 * j + 3] = _mm512_or_si512(w[4 * j + 3], _mm512_and_si512(_mm512_srli_epi16(c, 2), top));
+        }
+    }
 }
-#define TILE(R, BITS)                                                                                         \
-static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p,  \
-                             int pf, float *out) {                                                             \
+INLINE __m512 half16(const uint16_t *h) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)); }
+INLINE __m512 int8x16(const int8_t *c) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+}
+/* block b's float factors f0 (and f1 for TWO formats) of a panel's 16 columns */
+INLINE void factors(const uint8_t *p, idx nb, idx b, int fmt, __m512 *f0, __m512 *f1) {
+    const uint8_t *t = p + nb * BYTES(fmt);
+    const uint16_t *h = (const uint16_t *)t;
+    idx ns = nb / 8, s = b / 8;
+    if (LEGACY(fmt)) {
+        *f0 = half16(h + b * NB);
+    } else if (fmt == 41) {
+        *f0 = half16(h + b * NB);
+        *f1 = half16(h + (nb + b) * NB);
+    } else if (fmt == 62) {
+        const int8_t *sc = (const int8_t *)(t + ns * 32) + b * 32;
+        __m512 d = half16(h + s * NB);
+        *f0 = _mm512_mul_ps(d, int8x16(sc));
+        *f1 = _mm512_mul_ps(d, int8x16(sc + NB));
+    } else {
+        const int8_t *sc = (const int8_t *)(t + ns * 64) + b * NB;
+        *f0 = _mm512_mul_ps(half16(h + s * NB), int8x16(sc));
+        __m512 mn = _mm512_mul_ps(half16(h + (ns + s) * NB), int8x16(sc + nb * NB));
+        *f1 = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(mn), _mm512_set1_epi32((int)0x80000000u)));
+    }
+}
+#define TILE(R, F)                                                                                            \
+static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, idx nb,   \
+                          const uint8_t *p, int pf, float *out) {                                             \
     __m512 acc[R];                                                                                            \
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                                 \
-    const uint16_t *sc = (const uint16_t *)(p + nb * BYTES(BITS));                                            \
     for (idx b = 0; b < nb; b++) {                                                                            \
-        const uint8_t *wb = p + b * BYTES(BITS);                                                              \
-        if (pf) for (int l = 0; l < BYTES(BITS); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);             \
+        const uint8_t *wb = p + b * BYTES(F);                                                                 \
+        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);                \
         __m512i w[8];                                                                                         \
-        unpack(wb, BITS, w);                                                                                  \
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + b * NB)));                     \
+        unpack(wb, WIDTH(F), w);                                                                              \
+        __m512 f0, f1 = _mm512_setzero_ps();                                                                  \
+        factors(p, nb, b, F, &f0, &f1);                                                                       \
         _Pragma("GCC unroll 12")                                                                              \
         for (int r = 0; r < R; r++) {                                                                         \
             const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
-            __m512i s = _mm512_set1_epi32(-OFFSET(BITS) * xs[r * nb + b]);                                    \
+            int32_t sum = xs[r * nb + b], half = SPLIT(F) ? xh[r * nb + b] : sum;                             \
+            __m512i s = _mm512_set1_epi32(-OFFSET(F) * half), s1 = _mm512_set1_epi32(-OFFSET(F) * (sum - half)); \
             for (int g = 0; g < 8; g++) {                                                                     \
                 int32_t four;                                                                                 \
                 memcpy(&four, xr + 4 * g, 4);                                                                 \
-                s = _mm512_dpbusd_epi32(s, w[g], _mm512_set1_epi32(four));                                    \
+                if (SPLIT(F) && g >= 4) s1 = _mm512_dpbusd_epi32(s1, w[g], _mm512_set1_epi32(four));          \
+                else s = _mm512_dpbusd_epi32(s, w[g], _mm512_set1_epi32(four));                               \
             }                                                                                                 \
-            __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));                                 \
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[r]);                                   \
+            __m512 dx = _mm512_set1_ps(xd[r * nb + b]);                                                       \
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(f0, dx), acc[r]);                   \
+            if (TWO(F))                                                                                       \
+                acc[r] = _mm512_fmadd_ps(SPLIT(F) ? _mm512_cvtepi32_ps(s1) : _mm512_set1_ps((float)sum),      \
+                                         _mm512_mul_ps(f1, dx), acc[r]);                                      \
         }                                                                                                     \
     }                                                                                                         \
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * NB, acc[r]);                                       \
@@ -182,9 +249,9 @@ static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *x
 /* Paths 2 and 1 run tiles of up to MT = 16 rows: per block, its weights are made ready once (`ready`: unpacked, and
    on AVX2 also made signed and absolute) into a buffer in L1, and every row of the tile then takes them from there:
    a panel is streamed once a call for up to 16 rows, a block unpacked once for all of them. */
-/* a 4- or 5-bit block unpacked to its 512 bytes q + OFFSET in `ub` (an 8-bit block is read where it is) */
-INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
-    if (bits == 8) return wb;
+/* a 4-, 5- or 6-bit block unpacked to its 512 bytes q + OFFSET in `ub` (an 8-bit block is read where it is) */
+INLINE const uint8_t *unpack(const uint8_t *wb, int width, uint8_t *ub) {
+    if (width == 8) return wb;
     const __m256i low = _mm256_set1_epi8(0x0f);
     for (int j = 0; j < 4; j++)
         for (int h = 0; h < 2; h++) {
@@ -193,7 +260,7 @@ INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
             _mm256_store_si256((__m256i *)(ub + 128 * j + 64 + 32 * h),
                                _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
         }
-    if (bits == 5) {
+    if (width == 5) {
         /* 32 mask bits -> 32 bytes: byte i takes mask byte i / 8, keeps bit i % 8, and becomes 0x10 or 0 */
         const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
@@ -209,7 +276,48 @@ INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
                 _mm256_store_si256(u, _mm256_or_si256(_mm256_load_si256(u), e));
             }
     }
+    if (width == 6) {
+        /* the top 2 bits: group 4 j + c's at bits 2 c of vector j, moved to bits 4-5 */
+        const __m256i top = _mm256_set1_epi8(0x30);
+        for (int j = 0; j < 2; j++)
+            for (int h = 0; h < 2; h++) {
+                __m256i c = _mm256_loadu_si256((const __m256i *)(wb + 256 + 64 * j + 32 * h));
+                __m256i e[4] = {_mm256_slli_epi16(c, 4), _mm256_slli_epi16(c, 2), c, _mm256_srli_epi16(c, 2)};
+                for (int i = 0; i < 4; i++) {
+                    __m256i *u = (__m256i *)(ub + 64 * (4 * j + i) + 32 * h);
+                    _mm256_store_si256(u, _mm256_or_si256(_mm256_load_si256(u), _mm256_and_si256(e[i], top)));
+                }
+            }
+    }
     return ub;
+}
+INLINE __m256 half8(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
+INLINE __m256 int8x8(const int8_t *c) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
+}
+/* block b's float factors f0 (and f1 for TWO formats) of a panel's columns 0-7 ([0]) and 8-15 ([1]) */
+INLINE void factors(const uint8_t *p, idx nb, idx b, int fmt, __m256 f0[2], __m256 f1[2]) {
+    const uint8_t *t = p + nb * BYTES(fmt);
+    const uint16_t *h = (const uint16_t *)t;
+    idx ns = nb / 8, s = b / 8;
+    for (int k = 0; k < 2; k++) {
+        if (LEGACY(fmt)) {
+            f0[k] = half8(h + b * NB + 8 * k);
+        } else if (fmt == 41) {
+            f0[k] = half8(h + b * NB + 8 * k);
+            f1[k] = half8(h + (nb + b) * NB + 8 * k);
+        } else if (fmt == 62) {
+            const int8_t *sc = (const int8_t *)(t + ns * 32) + b * 32 + 8 * k;
+            __m256 d = half8(h + s * NB + 8 * k);
+            f0[k] = _mm256_mul_ps(d, int8x8(sc));
+            f1[k] = _mm256_mul_ps(d, int8x8(sc + NB));
+        } else {
+            const int8_t *sc = (const int8_t *)(t + ns * 64) + b * NB + 8 * k;
+            f0[k] = _mm256_mul_ps(half8(h + s * NB + 8 * k), int8x8(sc));
+            f1[k] = _mm256_xor_ps(_mm256_mul_ps(half8(h + (ns + s) * NB + 8 * k), int8x8(sc + nb * NB)),
+                                  _mm256_set1_ps(-0.0f));
+        }
+    }
 }
 /* NR rows' 4-byte groups g of a block (a group's 4 quants in every 32-bit lane), rows xr[0..NR) */
 #define GROUPS(x, xr, NR, g)                                                                                  \
@@ -219,21 +327,36 @@ INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
         x[r] = _mm256_set1_epi32(four);                                                                       \
     }
 #define WEIGHTS(u, g, h) _mm256_loadu_si256((const __m256i *)((u) + 64 * (g) + 32 * (h)))
+/* a row's sums before its products: the offset taken out (s[0], s[1]: columns 0-7, 8-15; SPLIT: s[2], s[3] the
+   second half's) */
+INLINE void start(__m256i s[4], int fmt, int32_t sum, int32_t half) {
+    if (SPLIT(fmt)) {
+        s[0] = s[1] = _mm256_set1_epi32(-OFFSET(fmt) * half);
+        s[2] = s[3] = _mm256_set1_epi32(-OFFSET(fmt) * (sum - half));
+    } else {
+        s[0] = s[1] = _mm256_set1_epi32(-OFFSET(fmt) * sum);
+    }
+}
+#define SLOT(fmt, g) (SPLIT(fmt) && (g) >= 4 ? 2 : 0)
 #if QM_PATH == 2
 /* a block made ready: its bytes q + OFFSET (the unsigned operand of `vpdpbusd`) */
-INLINE const uint8_t *ready(const uint8_t *wb, int bits, int R, uint8_t *ub) { (void)R; return unpack(wb, bits, ub); }
-/* NR rows' exact int32 sums of the block's 16 columns (s[r][0]: columns 0-7, s[r][1]: 8-15): the 4-byte groups of
-   8 columns dotted with the row's 4 quants, the offset taken out by the start value */
-INLINE void block_sums(const uint8_t *u, int bits, int R, const int8_t *const *xr, const int32_t *xs, int NR,
-                       __m256i s[][2]) {
+INLINE const uint8_t *ready(const uint8_t *wb, int fmt, int R, uint8_t *ub) {
     (void)R;
-    for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_set1_epi32(-OFFSET(bits) * xs[r]);
+    return unpack(wb, WIDTH(fmt), ub);
+}
+/* NR rows' exact int32 sums of the block's 16 columns (`start`'s slots): the 4-byte groups of 8 columns dotted with
+   the row's 4 quants, the offset taken out by the start value */
+INLINE void block_sums(const uint8_t *u, int fmt, int R, const int8_t *const *xr, const int32_t *xs,
+                       const int32_t *xh, int NR, __m256i s[][4]) {
+    (void)R;
+    for (int r = 0; r < NR; r++) start(s[r], fmt, xs[r], xh[r]);
     for (int g = 0; g < 8; g++) {
         __m256i x[4];
         GROUPS(x, xr, NR, g)
         for (int h = 0; h < 2; h++) {
             __m256i w = WEIGHTS(u, g, h);
-            for (int r = 0; r < NR; r++) s[r][h] = _mm256_dpbusd_avx_epi32(s[r][h], w, x[r]);
+            for (int r = 0; r < NR; r++)
+                s[r][SLOT(fmt, g) + h] = _mm256_dpbusd_avx_epi32(s[r][SLOT(fmt, g) + h], w, x[r]);
         }
     }
 }
@@ -241,9 +364,9 @@ INLINE void block_sums(const uint8_t *u, int bits, int R, const int8_t *const *x
 /* a block made ready for a tile of R rows. 8 bits: the signed quants w = byte ^ 0x80 at ub [512..1023] and their
    magnitudes |w| at ub [0..511] (`vpmaddubsw` multiplies |w|, unsigned, with x signed as w: pairs of products in
    int16, |.| <= 2 x 128 x 127, no saturation); for one row the block as it is (`block_sums` makes w and |w| on the
-   fly). 4 and 5 bits: the bytes q + OFFSET (at most 31) at ub [0..511] */
-INLINE const uint8_t *ready(const uint8_t *wb, int bits, int R, uint8_t *ub) {
-    if (bits != 8) return unpack(wb, bits, ub);
+   fly). 4, 5 and 6 bits: the bytes q + OFFSET (at most 63) at ub [0..511] */
+INLINE const uint8_t *ready(const uint8_t *wb, int fmt, int R, uint8_t *ub) {
+    if (WIDTH(fmt) != 8) return unpack(wb, WIDTH(fmt), ub);
     if (R == 1) return wb;
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     for (int v = 0; v < 16; v++) {
@@ -253,15 +376,15 @@ INLINE const uint8_t *ready(const uint8_t *wb, int bits, int R, uint8_t *ub) {
     }
     return ub;
 }
-/* NR rows' exact int32 sums of the block's 16 columns (s[r][0]: columns 0-7, s[r][1]: 8-15). 8 bits: per group the
-   pairs of |w| x (x signed as w) in int16, widened to int32 (`vpmaddwd` by ones) and added. 4 and 5 bits:
-   q + OFFSET (<= 15, <= 31) times x in int16 pairs, 8 groups (4 bits: |.| <= 8 x 2 x 15 x 127) or 4 groups
-   (5 bits: |.| <= 4 x 2 x 31 x 127) added in int16 without overflow, then widened; the offset taken out by the
-   start value. Every sum is the exact integer, in any order. */
-INLINE void block_sums(const uint8_t *u, int bits, int R, const int8_t *const *xr, const int32_t *xs, int NR,
-                       __m256i s[][2]) {
+/* NR rows' exact int32 sums of the block's 16 columns (`start`'s slots). 8 bits: per group the pairs of
+   |w| x (x signed as w) in int16, widened to int32 (`vpmaddwd` by ones) and added. 4, 5 and 6 bits: q + OFFSET
+   (<= 15, <= 31, <= 63) times x in int16 pairs, 8, 4 or 2 groups (|.| <= 8 x 2 x 15 x 127, 4 x 2 x 31 x 127,
+   2 x 2 x 63 x 127) added in int16 without overflow, then widened; the offset taken out by the start value. Every
+   sum is the exact integer, in any order. */
+INLINE void block_sums(const uint8_t *u, int fmt, int R, const int8_t *const *xr, const int32_t *xs,
+                       const int32_t *xh, int NR, __m256i s[][4]) {
     const __m256i one = _mm256_set1_epi16(1);
-    if (bits == 8) {
+    if (WIDTH(fmt) == 8) {
         for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
         for (int g = 0; g < 8; g++) {
             __m256i x[4];
@@ -282,8 +405,8 @@ INLINE void block_sums(const uint8_t *u, int bits, int R, const int8_t *const *x
         }
         return;
     }
-    const int run = bits == 4 ? 8 : 4; /* groups whose int16 sums cannot overflow */
-    for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_set1_epi32(-OFFSET(bits) * xs[r]);
+    const int run = WIDTH(fmt) == 4 ? 8 : WIDTH(fmt) == 5 ? 4 : 2; /* groups whose int16 sums cannot overflow */
+    for (int r = 0; r < NR; r++) start(s[r], fmt, xs[r], xh[r]);
     for (int g0 = 0; g0 < 8; g0 += run) {
         __m256i p[4][2];
         for (int g = g0; g < g0 + run; g++) {
@@ -298,84 +421,128 @@ INLINE void block_sums(const uint8_t *u, int bits, int R, const int8_t *const *x
             }
         }
         for (int r = 0; r < NR; r++)
-            for (int h = 0; h < 2; h++) s[r][h] = _mm256_add_epi32(s[r][h], _mm256_madd_epi16(p[r][h], one));
+            for (int h = 0; h < 2; h++)
+                s[r][SLOT(fmt, g0) + h] = _mm256_add_epi32(s[r][SLOT(fmt, g0) + h], _mm256_madd_epi16(p[r][h], one));
     }
 }
 #endif
 /* rows taken together by `block_sums` (each weight vector loaded once for them; more would spill registers) */
 #if QM_PATH == 2
-#define NR_OF(bits) 4
+#define NR_OF(fmt) (SPLIT(fmt) ? 2 : 4)
 #else
-#define NR_OF(bits) ((bits) == 8 ? 4 : (bits) == 5 ? 2 : 1)
+#define NR_OF(fmt) (WIDTH(fmt) == 8 ? 4 : WIDTH(fmt) == 5 ? 2 : 1)
 #endif
 /* NR rows from row r of a block: their sums, then per row the block's float operations as on every path: cvt,
-   scale = dw x dx, one fused multiply-add */
-INLINE void rows_block(const uint8_t *u, int bits, int R, const int8_t *xq, const float *xd, const int32_t *xs, idx nb,
-                       idx b, int r, int NR, const __m256 dw[2], __m256 acc[][2]) {
+   scale = f0 x dx, one fused multiply-add; for TWO formats the second term the same way */
+INLINE void rows_block(const uint8_t *u, int fmt, int R, const int8_t *xq, const float *xd, const int32_t *xs,
+                       const int32_t *xh, idx nb, idx b, int r, int NR, const __m256 f0[2], const __m256 f1[2],
+                       __m256 acc[][2]) {
     const int8_t *xr[4];
-    int32_t xsum[4];
-    __m256i s[4][2];
-    for (int i = 0; i < NR; i++) { xr[i] = xq + ((r + i) * nb + b) * QK; xsum[i] = xs[(r + i) * nb + b]; }
-    block_sums(u, bits, R, xr, xsum, NR, s);
+    int32_t xsum[4], xhalf[4];
+    __m256i s[4][4];
+    for (int i = 0; i < NR; i++) {
+        xr[i] = xq + ((r + i) * nb + b) * QK;
+        xsum[i] = xs[(r + i) * nb + b];
+        xhalf[i] = SPLIT(fmt) ? xh[(r + i) * nb + b] : 0;
+    }
+    block_sums(u, fmt, R, xr, xsum, xhalf, NR, s);
     for (int i = 0; i < NR; i++) {
         __m256 dx = _mm256_set1_ps(xd[(r + i) * nb + b]);
-        for (int h = 0; h < 2; h++)
-            acc[r + i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][h]), _mm256_mul_ps(dw[h], dx), acc[r + i][h]);
+        for (int h = 0; h < 2; h++) {
+            acc[r + i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][h]), _mm256_mul_ps(f0[h], dx), acc[r + i][h]);
+            if (TWO(fmt))
+                acc[r + i][h] = _mm256_fmadd_ps(SPLIT(fmt) ? _mm256_cvtepi32_ps(s[i][2 + h])
+                                                           : _mm256_set1_ps((float)xsum[i]),
+                                                _mm256_mul_ps(f1[h], dx), acc[r + i][h]);
+        }
     }
 }
-#define TILE(R, BITS)                                                                                         \
-static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p,  \
-                             int pf, float *out) {                                                             \
+#define TILE(R, F)                                                                                            \
+static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, idx nb,   \
+                          const uint8_t *p, int pf, float *out) {                                             \
     __m256 acc[R][2];                                                                                         \
     uint8_t ub[2 * BQ] __attribute__((aligned(32)));                                                          \
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();                                  \
-    const uint16_t *sc = (const uint16_t *)(p + nb * BYTES(BITS));                                            \
     for (idx b = 0; b < nb; b++) {                                                                            \
-        const uint8_t *wb = p + b * BYTES(BITS);                                                              \
-        if (pf) for (int l = 0; l < BYTES(BITS); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);             \
-        const uint8_t *u = ready(wb, BITS, R, ub);                                                            \
-        __m256 dw[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB))),                     \
-                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + b * NB + 8)))};                \
+        const uint8_t *wb = p + b * BYTES(F);                                                                 \
+        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);                \
+        const uint8_t *u = ready(wb, F, R, ub);                                                               \
+        __m256 f0[2], f1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                     \
+        factors(p, nb, b, F, f0, f1);                                                                         \
         int r = 0;                                                                                            \
-        for (; r + NR_OF(BITS) <= R; r += NR_OF(BITS)) rows_block(u, BITS, R, xq, xd, xs, nb, b, r, NR_OF(BITS), dw, acc); \
-        if (r < R) rows_block(u, BITS, R, xq, xd, xs, nb, b, r, R % NR_OF(BITS), dw, acc);                   \
+        for (; r + NR_OF(F) <= R; r += NR_OF(F))                                                              \
+            rows_block(u, F, R, xq, xd, xs, xh, nb, b, r, NR_OF(F), f0, f1, acc);                             \
+        if (r < R) rows_block(u, F, R, xq, xd, xs, xh, nb, b, r, R % NR_OF(F), f0, f1, acc);                  \
     }                                                                                                         \
     for (int r = 0; r < R; r++) { _mm256_storeu_ps(out + r * NB, acc[r][0]); _mm256_storeu_ps(out + r * NB + 8, acc[r][1]); } \
 }
 #else
-INLINE const uint8_t *unpack(const uint8_t *wb, int bits, uint8_t *ub) {
-    if (bits == 8) return wb;
+INLINE const uint8_t *unpack(const uint8_t *wb, int width, uint8_t *ub) {
+    if (width == 8) return wb;
     for (int j = 0; j < 4; j++)
         for (int i = 0; i < 64; i++) {
             ub[128 * j + i] = wb[64 * j + i] & 15;
             ub[128 * j + 64 + i] = wb[64 * j + i] >> 4;
         }
-    if (bits == 5)
+    if (width == 5)
         for (int g = 0; g < 8; g++)
             for (int i = 0; i < 64; i++)
                 ub[64 * g + i] |= ((wb[256 + 8 * g + i / 8] >> (i % 8)) & 1) << 4;
+    if (width == 6)
+        for (int g = 0; g < 8; g++)
+            for (int i = 0; i < 64; i++)
+                ub[64 * g + i] |= ((wb[256 + 64 * (g / 4) + i] >> (2 * (g % 4))) & 3) << 4;
     return ub;
 }
-#define TILE(R, BITS)                                                                                         \
-static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *xs, idx nb, const uint8_t *p,  \
-                             int pf, float *out) {                                                             \
-    (void)xs; (void)pf;                                                                                       \
-    float acc[R][NB];                                                                                         \
+/* block b's float factors f0 (and f1 for TWO formats) of a panel's 16 columns */
+INLINE void factors(const uint8_t *p, idx nb, idx b, int fmt, float f0[NB], float f1[NB]) {
+    const uint8_t *t = p + nb * BYTES(fmt);
+    const uint16_t *h = (const uint16_t *)t;
+    idx ns = nb / 8, s = b / 8;
+    const int8_t *sc = (const int8_t *)(t + ns * (fmt == 62 ? 32 : 64));
+    for (int c = 0; c < NB; c++) {
+        if (LEGACY(fmt)) {
+            f0[c] = half_to_float(h[b * NB + c]);
+        } else if (fmt == 41) {
+            f0[c] = half_to_float(h[b * NB + c]);
+            f1[c] = half_to_float(h[(nb + b) * NB + c]);
+        } else if (fmt == 62) {
+            float d = half_to_float(h[s * NB + c]);
+            f0[c] = d * (float)sc[b * 32 + c];
+            f1[c] = d * (float)sc[b * 32 + NB + c];
+        } else {
+            f0[c] = half_to_float(h[s * NB + c]) * (float)sc[b * NB + c];
+            f1[c] = -(half_to_float(h[(ns + s) * NB + c]) * (float)sc[nb * NB + b * NB + c]);
+        }
+    }
+}
+#define TILE(R, F)                                                                                            \
+static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, idx nb,   \
+                          const uint8_t *p, int pf, float *out) {                                             \
+    (void)xh; (void)pf;                                                                                       \
+    float acc[R][NB], f0[NB], f1[NB];                                                                         \
     uint8_t ub[BQ];                                                                                           \
     memset(acc, 0, sizeof acc);                                                                               \
-    const uint16_t *sc = (const uint16_t *)(p + nb * BYTES(BITS));                                            \
     for (idx b = 0; b < nb; b++) {                                                                            \
-        const uint8_t *u = unpack(p + b * BYTES(BITS), BITS, ub);                                             \
+        const uint8_t *u = unpack(p + b * BYTES(F), WIDTH(F), ub);                                            \
+        factors(p, nb, b, F, f0, f1);                                                                         \
         for (int r = 0; r < R; r++) {                                                                         \
             const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
             float dx = xd[r * nb + b];                                                                        \
+            int32_t sum = xs[r * nb + b];                                                                     \
             for (int c = 0; c < NB; c++) {                                                                    \
-                int32_t s = 0;                                                                                \
+                int32_t s0 = 0, s1 = 0;                                                                       \
                 for (int g = 0; g < 8; g++)                                                                   \
-                    for (int j = 0; j < 4; j++)                                                               \
-                        s += ((int)u[64 * g + 4 * c + j] - OFFSET(BITS)) * xr[4 * g + j];                     \
-                float scale = half_to_float(sc[b * NB + c]) * dx;                                             \
-                acc[r][c] = fmaf((float)s, scale, acc[r][c]);                                                 \
+                    for (int j = 0; j < 4; j++) {                                                             \
+                        int32_t v = ((int)u[64 * g + 4 * c + j] - OFFSET(F)) * xr[4 * g + j];                 \
+                        if (SPLIT(F) && g >= 4) s1 += v; else s0 += v;                                        \
+                    }                                                                                         \
+                float scale = f0[c] * dx;                                                                     \
+                acc[r][c] = fmaf((float)s0, scale, acc[r][c]);                                                \
+                if (TWO(F)) {                                                                                 \
+                    float second = f1[c] * dx;                                                                \
+                    acc[r][c] = fmaf(SPLIT(F) ? (float)s1 : (float)sum, second, acc[r][c]);                   \
+                }                                                                                             \
             }                                                                                                 \
         }                                                                                                     \
     }                                                                                                         \
@@ -387,12 +554,13 @@ static void tile##R##_##BITS(const int8_t *xq, const float *xd, const int32_t *x
 #define MORE_TILES(BITS) TILE(5, BITS) TILE(6, BITS) TILE(7, BITS) TILE(8, BITS) TILE(9, BITS) TILE(10, BITS) \
     TILE(11, BITS) TILE(12, BITS)
 #define MOST_TILES(BITS) TILE(13, BITS) TILE(14, BITS) TILE(15, BITS) TILE(16, BITS)
-TILES(8) TILES(5) TILES(4)
+#define ALL_FORMATS(T) T(8) T(5) T(4) T(41) T(42) T(52) T(62)
+ALL_FORMATS(TILES)
 #if MT > 4
-MORE_TILES(8) MORE_TILES(5) MORE_TILES(4)
+ALL_FORMATS(MORE_TILES)
 #endif
 #if MT > 12
-MOST_TILES(8) MOST_TILES(5) MOST_TILES(4)
+ALL_FORMATS(MOST_TILES)
 #endif
 #define ROW4(BITS) 0, tile1_##BITS, tile2_##BITS, tile3_##BITS, tile4_##BITS
 #define ROW12(BITS) ROW4(BITS), tile5_##BITS, tile6_##BITS, tile7_##BITS, tile8_##BITS, tile9_##BITS, tile10_##BITS, \
@@ -405,8 +573,23 @@ MOST_TILES(8) MOST_TILES(5) MOST_TILES(4)
 #define ROW(BITS) {ROW4(BITS)}
 #endif
 
-typedef void (*tile_fn)(const int8_t *, const float *, const int32_t *, idx, const uint8_t *, int, float *);
-static const tile_fn tiles8[MT + 1] = ROW(8), tiles5[MT + 1] = ROW(5), tiles4[MT + 1] = ROW(4);
+typedef void (*tile_fn)(const int8_t *, const float *, const int32_t *, const int32_t *, idx, const uint8_t *, int,
+                        float *);
+static const tile_fn tiles8[MT + 1] = ROW(8), tiles5[MT + 1] = ROW(5), tiles4[MT + 1] = ROW(4),
+                     tiles41[MT + 1] = ROW(41), tiles42[MT + 1] = ROW(42), tiles52[MT + 1] = ROW(52),
+                     tiles62[MT + 1] = ROW(62);
+
+static const tile_fn *tiles_of(int fmt) {
+    switch (fmt) {
+    case 8: return tiles8;
+    case 5: return tiles5;
+    case 4: return tiles4;
+    case 41: return tiles41;
+    case 42: return tiles42;
+    case 52: return tiles52;
+    default: return tiles62;
+    }
+}
 
 static int amx_wanted = 1; /* quant_set_amx */
 
@@ -526,8 +709,9 @@ static void emit(const float *out, idx r, float *y, idx m0, idx n, idx c0, idx c
 }
 
 /* panels [first, last) for all m rows: on AMX tiles where xa (`amx_layout`) is given, else the tiles of MT rows */
-static void panels(const int8_t *xq, const float *xd, const int32_t *xs, idx m, idx nb, const uint8_t *w, idx n,
-                   int bits, const float *bias, float *y, idx first, idx last, const int8_t *xa, const float *xda) {
+static void panels(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, idx m, idx nb,
+                   const uint8_t *w, idx n, int bits, const float *bias, float *y, idx first, idx last,
+                   const int8_t *xa, const float *xda) {
     float out[16 * NB];
     idx stride = panel_bytes(nb, bits);
 #if QM_AMX
@@ -561,13 +745,13 @@ static void panels(const int8_t *xq, const float *xd, const int32_t *xs, idx m, 
 #else
     (void)xa; (void)xda;
 #endif
-    const tile_fn *tiles = bits == 8 ? tiles8 : bits == 5 ? tiles5 : tiles4;
+    const tile_fn *tiles = tiles_of(bits);
     for (idx q = first; q < last; q++) {
         const uint8_t *p = w + q * stride;
         idx c0 = q * NB, cols = n - c0 < NB ? n - c0 : NB;
         for (idx m0 = 0; m0 < m; m0 += MT) {
             idx r = m - m0 < MT ? m - m0 : MT;
-            tiles[r](xq + m0 * nb * QK, xd + m0 * nb, xs + m0 * nb, nb, p, m0 == 0, out);
+            tiles[r](xq + m0 * nb * QK, xd + m0 * nb, xs + m0 * nb, xh + m0 * nb, nb, p, m0 == 0, out);
             emit(out, r, y, m0, n, c0, cols, bias);
         }
     }
@@ -579,21 +763,23 @@ static int fits(idx a, idx b, idx have) {
     return !__builtin_mul_overflow(a, b, &ab) && ab <= have;
 }
 
-/* y [m, n] = x [m, k] quantized per block of 32 times the weight given as panels of `bits`-bit blocks (8, 5 or 4:
-   `pack`), + bias (may be NULL); on `threads` threads. xn, wn, bn, yn: the floats (bytes for w) each buffer holds
-   from its pointer on, checked before anything is read. 0, or 1 where the rows ran on AMX tiles; -1 when the
-   scratch memory could not be had, -2 for another width, -3 for sizes that do not fit the buffers */
+/* y [m, n] = x [m, k] quantized per block of 32 times the weight given as panels of format `bits` (8, 5, 4, 41, 42,
+   52, 62: see BYTES; `pack`), + bias (may be NULL); on `threads` threads. xn, wn, bn, yn: the floats (bytes for w)
+   each buffer holds from its pointer on, checked before anything is read. 0, or 1 where the rows ran on AMX tiles
+   (Q8_0, Q5_0 and Q4_0 panels only); -1 when the scratch memory could not be had, -2 for another format (or a
+   superblock format whose k is not a multiple of 256), -3 for sizes that do not fit the buffers */
 int quant_mm(const float *x, idx xn, idx m, idx k, const uint8_t *w, idx wn, idx n, int bits, const float *bias,
              idx bn, float *y, idx yn, int threads) {
-    if (bits != 8 && bits != 5 && bits != 4) return -2;
+    if (!KNOWN(bits)) return -2;
     /* the scratch holds m x nb x 32 quants: m, k, n each below 2^31 keep every product in range */
     if (m < 0 || k < 0 || n < 0 || m > INT32_MAX || k > INT32_MAX - QK || n > INT32_MAX) return -3;
     idx nb = (k + QK - 1) / QK, count = (n + NB - 1) / NB;
+    if (SUPER(bits) && k % (8 * QK)) return -2;
     if ((m && (!x || !y)) || !fits(m, k, xn) || !fits(m, n, yn) || !fits(count, panel_bytes(nb, bits), wn)
         || (count && !w) || (bias && bn < n)) return -3;
     if (m == 0 || n == 0) return 0;
 #if QM_AMX
-    int amx = m >= AMX_ROWS && __atomic_load_n(&amx_wanted, __ATOMIC_RELAXED) && amx_usable();
+    int amx = LEGACY(bits) && m >= AMX_ROWS && __atomic_load_n(&amx_wanted, __ATOMIC_RELAXED) && amx_usable();
 #else
     int amx = 0;
 #endif
@@ -601,9 +787,12 @@ int quant_mm(const float *x, idx xn, idx m, idx k, const uint8_t *w, idx wn, idx
     int8_t *xq = malloc((size_t)(m * nb * QK) + 1), *xa = amx ? aligned_alloc(64, (size_t)(mp * nb * QK)) : NULL;
     float *xda = amx ? malloc(sizeof(float) * (size_t)(mp * nb)) : NULL;
     float *xd = malloc(sizeof(float) * (size_t)(m * nb) + 1);
-    int32_t *xs = malloc(sizeof(int32_t) * (size_t)(m * nb) + 1);
-    if (!xq || !xd || !xs || (amx && (!xa || !xda))) { free(xq); free(xd); free(xs); free(xa); free(xda); return -1; }
-    quantize_rows(x, m, k, nb, xq, xd, xs);
+    int32_t *xs = malloc(sizeof(int32_t) * (size_t)(m * nb) + 1), *xh = malloc(sizeof(int32_t) * (size_t)(m * nb) + 1);
+    if (!xq || !xd || !xs || !xh || (amx && (!xa || !xda))) {
+        free(xq); free(xd); free(xs); free(xh); free(xa); free(xda);
+        return -1;
+    }
+    quantize_rows(x, m, k, nb, xq, xd, xs, xh);
 #if QM_AMX
     if (amx) amx_layout(xq, xd, m, nb, xa, xda);
 #endif
@@ -612,13 +801,13 @@ int quant_mm(const float *x, idx xn, idx m, idx k, const uint8_t *w, idx wn, idx
     #pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1 && count > 1 && wide)
     {
         idx t = omp_get_thread_num(), T = omp_get_num_threads();
-        panels(xq, xd, xs, m, nb, w, n, bits, bias, y, count * t / T, count * (t + 1) / T, xa, xda);
+        panels(xq, xd, xs, xh, m, nb, w, n, bits, bias, y, count * t / T, count * (t + 1) / T, xa, xda);
     }
 #else
     (void)threads;
-    panels(xq, xd, xs, m, nb, w, n, bits, bias, y, 0, count, xa, xda);
+    panels(xq, xd, xs, xh, m, nb, w, n, bits, bias, y, 0, count, xa, xda);
 #endif
-    free(xq); free(xd); free(xs); free(xa); free(xda);
+    free(xq); free(xd); free(xs); free(xh); free(xa); free(xda);
     return amx;
 }
 
@@ -630,7 +819,7 @@ int quant_rows(const float *x, idx xn, idx m, idx k, int8_t *xq, idx xqn, float 
     idx nb = (k + QK - 1) / QK;
     if (!fits(m, k, xn) || !fits(m, nb * QK, xqn) || !fits(m, nb, xdn) || !fits(m, nb, xsn)) return -3;
     if (m && (!x || !xq || !xd || !xs)) return -3;
-    quantize_rows(x, m, k, nb, xq, xd, xs);
+    quantize_rows(x, m, k, nb, xq, xd, xs, NULL);
     return 0;
 }
 

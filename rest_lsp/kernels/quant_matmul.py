@@ -28,7 +28,18 @@ bit. Paths, by the level a library is built for (levels.py): AVX-512 VNNI (zmm, 
 block's weights in registers), AVX-VNNI (ymm), AVX2 (`vpmaddubsw` over |w| and x signed as w, no saturation
 since |x| <= 127; 4- and 5-bit blocks' products q + offset times x added in int16 over 8 or 4 groups, which cannot
 overflow), portable C. AVX-VNNI and AVX2 take up to 16 rows a tile: a block is unpacked (on AVX2 also made signed
-and absolute) once into L1 for all of them, so a tree step streams each panel once. The panels are split between torch's OpenMP threads as in panel_matmul.py.
+and absolute) once into L1 for all of them, so a tree step streams each panel once. The panels are split between
+torch's OpenMP threads as in panel_matmul.py.
+
+K-quant formats (`FORMATS`: Q4_1, Q4_K, Q5_K, Q6_K, as a GGUF holds them; `pack_blocks(..., bits, mins,
+sub_scales, sub_mins)`): their quants are stored as the 4-bit ones are (Q4_1, Q4_K: q in [0, 15], offset 0), the
+5-bit ones (Q5_K: q in [0, 31]) or as nibbles and then two 64-byte vectors of their top 2 bits (Q6_K: q + 32 in
+[0, 63]; vector j's byte i holds group 4 j + c's at bits 2 c), and a block has two
+float terms, each one fused multiply-add: Q4_1 and Q4_K/Q5_K a min term, min x (the row block's sum of quants,
+known exactly from the quantization, as llama.cpp's Q8_1 and Q8_K keep it), with factors d and m (Q4_1) or
+d x sc and -(dmin x mn) (K: fp16 d and dmin per superblock of 256, 6-bit sc and mn per block of 32, kept as
+such in the panel); Q6_K two integer sums a block, one per 16 weights, each with its d x sc. Every factor is an
+exact fp32 product, so each level computes the same floats. Their panels never go to the AMX tiles.
 
 A prefill's many rows run on AMX-INT8 tiles where the CPU has them (compiled for a target with AMX-INT8, the tile
 state granted to the process by Linux; from `amx_rows()` rows a call): a panel's blocks unpacked once to their
@@ -56,9 +67,18 @@ log = logging.getLogger(__name__)
 
 PANEL = 16  # output columns per panel
 BLOCK = 32  # weights per Q8_0 block (one scale)
-BITS = (8, 5, 4)  # the widths a panel's blocks are stored in
-BLOCK_BYTES = {8: 512, 5: 320, 4: 256}  # a panel's bytes of quants per block, by width
-OFFSETS = {8: 128, 5: 16, 4: 8}  # what a quant is stored as plus (an unsigned byte, or 5 and 4 bits)
+SUPERBLOCK = 256  # weights per K-quant superblock (Q4_K, Q5_K, Q6_K: one d, and dmin, per 8 blocks)
+BITS = (8, 5, 4)  # the widths of the one-scale formats (Q8_0, Q5_0, Q4_0), their codes too
+# each panel format's code (the kernel's `bits` argument): the one-scale widths, and the formats with two terms a
+# block (see "K-quant formats" below)
+FORMATS = {"Q8_0": 8, "Q5_0": 5, "Q4_0": 4, "Q4_1": 41, "Q4_K": 42, "Q5_K": 52, "Q6_K": 62}
+CODES = tuple(FORMATS.values())
+WIDTHS = {8: 8, 5: 5, 4: 4, 41: 4, 42: 4, 52: 5, 62: 6}  # the bits a quant is stored in, by code
+BLOCK_BYTES = {code: 512 if w == 8 else 256 + 64 * (w - 4) for code, w in WIDTHS.items()}  # a panel's per block
+OFFSETS = {8: 128, 5: 16, 4: 8, 41: 0, 42: 0, 52: 0, 62: 32}  # what a quant is stored as plus
+MINS = (41, 42, 52)  # a min term a block: w = f0 q + f1
+SPLIT = (62,)  # a scale per 16 weights: w = f0 q (first half), f1 q (second half)
+SUPER = (42, 52, 62)  # scales per superblock of 8 blocks
 
 
 PATHS = {3: "AVX-512 VNNI", 2: "AVX-VNNI", 1: "AVX2", 0: "portable C"}
@@ -118,6 +138,15 @@ def _checked(lib: ctypes.CDLL) -> ctypes.CDLL:
                 raise ValueError(f"its AMX results differ from the reference's ({bits}-bit blocks)")
             if not torch.equal(tiles, product(bits, panels, rows, False)):
                 raise ValueError(f"its AMX results are not its VNNI results bit for bit ({bits}-bit blocks)")
+    x2 = torch.randn(13, SUPERBLOCK, generator=gen)
+    for bits in CODES[len(BITS):]:  # the two-term formats, a superblock wide (never on AMX tiles)
+        blocks = random_blocks(bits, 50, SUPERBLOCK, gen)
+        got = torch.empty(13, 50)
+        call(lib, x2, pack_blocks(**blocks, bits=bits), 50, bits, bias, got, 1)
+        want = reference_blocks(x2, blocks["quants"], blocks["scales"], bias, bits,
+                                **{k: v for k, v in blocks.items() if k not in ("quants", "scales")})
+        if not torch.allclose(got, want, rtol=1e-5, atol=1e-4 * float(want.abs().max())):
+            raise ValueError(f"its results differ from the reference's (format {bits})")
     if not lib.quant_threaded():
         log.warning("The quantized kernel was built without OpenMP: its matmuls run on one thread.")
     return lib
@@ -175,6 +204,32 @@ def without_amx(lib: ctypes.CDLL | None = None):
         lib.quant_set_amx(before)
 
 
+def random_blocks(bits: int, n: int, k: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """Random blocks of format `bits` (a code of FORMATS) for a weight [n, k] (k a multiple of 256 for the
+    superblock formats), each field's extremes included: `pack_blocks`' keyword arguments."""
+    gen = generator or torch.Generator().manual_seed(0)
+    nb, off, width = -(-k // BLOCK), OFFSETS[bits], WIDTHS[bits]
+    q = torch.randint(-off, (1 << width) - off, (n, nb, BLOCK), generator=gen, dtype=torch.int8)
+    q[0, 0], q[-1, -1] = -off, (1 << width) - off - 1  # a block of every stored bit 0, one of every bit 1
+    per = nb // 8 if bits in SUPER else nb
+
+    def half(*shape, sign=False):
+        t = torch.rand(*shape, generator=gen) * 0.05 + 1e-3
+        return (t * (torch.randint(0, 2, shape, generator=gen) * 2 - 1) if sign else t).half()
+
+    out = {"quants": q, "scales": half(n, per)}
+    if bits in MINS:
+        out["mins"] = half(n, per, sign=bits == 41)
+    if bits in (42, 52):
+        out["sub_scales"] = torch.randint(0, 64, (n, nb), generator=gen, dtype=torch.int8)
+        out["sub_mins"] = torch.randint(0, 64, (n, nb), generator=gen, dtype=torch.int8)
+        out["sub_scales"][0, 0], out["sub_mins"][-1, -1] = 63, 63
+    if bits == 62:
+        out["sub_scales"] = torch.randint(-128, 128, (n, nb, 2), generator=gen, dtype=torch.int8)
+        out["sub_scales"][0, 0, 0], out["sub_scales"][-1, -1, 1] = -128, 127
+    return out
+
+
 # -- Q8_0 blocks ---------------------------------------------------------------------------------------------------
 
 def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,44 +258,96 @@ def from_gguf_q8_0(raw: torch.Tensor | "object", k: int) -> tuple[torch.Tensor, 
     return blocks[..., 2:].contiguous().view(torch.int8), blocks[..., :2].contiguous().view(torch.float16)[..., 0]
 
 
+def tail_bytes(nb: int, bits: int = 8) -> int:
+    """The bytes of a panel's scales after its quants (the C's `tail_bytes`)."""
+    if bits in BITS:
+        return nb * PANEL * 2
+    if bits == 41:
+        return nb * PANEL * 4
+    ns = nb // 8
+    return ns * PANEL * 2 + nb * PANEL * 2 if bits == 62 else ns * PANEL * 4 + nb * PANEL * 2
+
+
 def panel_bytes(k: int, bits: int = 8) -> int:
     nb = -(-k // BLOCK)
-    return nb * BLOCK_BYTES[bits] + -(-nb * PANEL * 2 // 64) * 64
+    return nb * BLOCK_BYTES[bits] + -(-tail_bytes(nb, bits) // 64) * 64
 
 
-def pack_blocks(quants: torch.Tensor, scales: torch.Tensor, bits: int = 8) -> torch.Tensor:
-    """Blocks (int8 [N, nb, 32], fp16 [N, nb]; w = q x d) -> panels uint8 [ceil(N / 16), panel_bytes(K, bits)] (see
-    the module's docstring), the columns past N zero. 5 and 4 bits hold quants in [-16, 15] and [-8, 7] (a Q5_0
-    or Q4_0 block's q - 16 or q - 8): ValueError for one outside."""
-    if bits not in BITS:
-        raise ValueError(f"no {bits}-bit panels: use one of {BITS}")
+def _columns(t: torch.Tensor, count: int) -> torch.Tensor:
+    """A per-row tensor [count x 16, a, ...] -> the panels' bytes of it [count, a x ... x 16 x itemsize]: per
+    panel, its 16 columns last (the C reads [a][...][16])."""
+    rest = t.shape[1:]
+    t = t.reshape(count, PANEL, -1).transpose(1, 2).contiguous()  # [P, a x ..., 16]
+    return t.view(torch.uint8).reshape(count, -1) if t.dtype != torch.uint8 else t.reshape(count, -1)
+
+
+def pack_blocks(quants: torch.Tensor, scales: torch.Tensor, bits: int = 8, mins: torch.Tensor | None = None,
+                sub_scales: torch.Tensor | None = None, sub_mins: torch.Tensor | None = None) -> torch.Tensor:
+    """Blocks -> panels uint8 [ceil(N / 16), panel_bytes(K, bits)] (see the module's docstring), the columns past N
+    zero. `bits` is the format's code (FORMATS); quants int8 [N, nb, 32] in [-OFFSETS, 2^WIDTHS - OFFSETS)
+    (ValueError for one outside). Q8_0, Q5_0, Q4_0 (8, 5, 4): scales fp16 [N, nb]. Q4_1 (41): scales, mins fp16
+    [N, nb] (d, m). Q4_K, Q5_K (42, 52; nb a multiple of 8): scales, mins fp16 [N, nb / 8] (d, dmin), sub_scales,
+    sub_mins int8 [N, nb] (sc, mn in [0, 63]). Q6_K (62): scales fp16 [N, nb / 8] (d), sub_scales int8 [N, nb, 2]
+    (a scale per 16 weights)."""
+    if bits not in CODES:
+        raise ValueError(f"no {bits}-bit panels: use one of {CODES}")
     n, nb, _ = quants.shape
-    off = OFFSETS[bits]
-    if bits != 8 and n and (int(quants.min()) < -off or int(quants.max()) >= off):
+    off, width = OFFSETS[bits], WIDTHS[bits]
+    if bits not in BITS and n and (int(quants.min()) < -off or int(quants.max()) >= (1 << width) - off):
+        raise ValueError(f"format {bits}'s panels hold quants in [{-off}, {(1 << width) - off - 1}]")
+    if bits != 8 and bits in BITS and n and (int(quants.min()) < -off or int(quants.max()) >= off):
         raise ValueError(f"{bits}-bit panels hold quants in [{-off}, {off - 1}]")
+    if bits in SUPER and nb % 8:
+        raise ValueError(f"format {bits}'s panels take whole superblocks of 256 weights, not {nb * BLOCK}")
     count = -(-n // PANEL)
-    q = torch.zeros(count * PANEL, nb, BLOCK, dtype=torch.int8)
-    q[:n] = quants
-    d = torch.zeros(count * PANEL, nb, dtype=torch.float16)
-    d[:n] = scales
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(count * PANEL, *t.shape[1:], dtype=t.dtype)
+        out[:n] = t
+        return out
+
+    q = padded(quants)
     # [P, 16 cols, nb, 8 groups, 4] -> [P, nb, 8, 16 x 4]: the bytes q + offset, as the kernel unpacks them
     u = (q.view(count, PANEL, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(count, nb, 8, 64).short() + off).to(torch.uint8)
-    if bits == 8:
+    if width == 8:
         body = u.reshape(count, nb * 512)
     else:
         low = u & 15
         nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [P, nb, 4, 64]: groups 2j low, 2j + 1 high
         parts = [nibbles.reshape(count, nb, 256)]
-        if bits == 5:  # bit i of group g's mask (a little-endian uint64) is byte i's fifth bit
+        if width == 5:  # bit i of group g's mask (a little-endian uint64) is byte i's fifth bit
             fifth = ((u >> 4) & 1).view(count, nb, 8, 8, 8).long()
             masks = (fifth << torch.arange(8)).sum(-1).to(torch.uint8)  # [P, nb, 8 groups, 8 bytes]
             parts.append(masks.reshape(count, nb, 64))
+        if width == 6:  # vector j's byte i: the top 2 bits of group 4 j + c's byte i at bits 2 c
+            top = u >> 4
+            parts.append((top[:, :, 0::4] | (top[:, :, 1::4] << 2) | (top[:, :, 2::4] << 4) | (top[:, :, 3::4] << 6))
+                         .reshape(count, nb, 128))
         body = torch.cat(parts, -1).reshape(count, nb * BLOCK_BYTES[bits])
-    tail = d.view(count, PANEL, nb).transpose(1, 2).reshape(count, nb * PANEL).view(torch.uint8)  # [P, nb 16 2]
+    fields = [scales] + ([mins] if bits in MINS else []) + ([sub_scales] if bits in SUPER else []) + (
+        [sub_mins] if bits in (42, 52) else [])
+    if any(f is None for f in fields):
+        raise ValueError(f"format {bits}'s panels need its scales" + (" and mins" if bits in MINS else ""))
+    tail = torch.cat([_columns(padded(f.to(torch.float16 if f.is_floating_point() else torch.int8)), count)
+                      for f in fields], 1)
     out = torch.zeros(count, panel_bytes(nb * BLOCK, bits), dtype=torch.uint8)
     out[:, : body.shape[1]] = body
     out[:, body.shape[1] : body.shape[1] + tail.shape[1]] = tail
     return out
+
+
+def factors(bits: int, scales: torch.Tensor, mins: torch.Tensor | None = None, sub_scales: torch.Tensor | None = None,
+            sub_mins: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A format's float factors per block, as the kernel computes them (fp32, exact products): (f0 [N, nb], f1
+    [N, nb] or None); a block's weights are f0 q (+ f1 for MINS; Q6_K: f0 q on its first 16, f1 q on the rest)."""
+    if bits in BITS:
+        return scales.float(), None
+    if bits == 41:
+        return scales.float(), mins.float()
+    d = scales.float().repeat_interleave(8, 1)  # [N, nb]: each superblock's d for its 8 blocks
+    if bits == 62:
+        return d * sub_scales[..., 0].float(), d * sub_scales[..., 1].float()
+    return d * sub_scales.float(), -(mins.float().repeat_interleave(8, 1) * sub_mins.float())
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -266,13 +373,20 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     return reference_blocks(x, *quantize_q8_0(weight), bias)
 
 
-def reference_blocks(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor,
-                     bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`reference` for a weight given as blocks (int8 [N, nb, 32], fp16 [N, nb])."""
+def reference_blocks(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, bias: torch.Tensor | None = None,
+                     bits: int = 8, mins: torch.Tensor | None = None, sub_scales: torch.Tensor | None = None,
+                     sub_mins: torch.Tensor | None = None) -> torch.Tensor:
+    """`reference` for a weight given as blocks (`pack_blocks`' arguments): the exact integer sums, each times its
+    fp32 factor x dx (as the kernel rounds it), added in float64."""
     qx, dx = quantize_rows(x)
-    sums = torch.einsum("nbi,mbi->mnb", qw.long(), qx.long())  # [m, N, nb] exact
-    scale = dw.float()[None] * dx[:, None]  # fp32 products, as the kernel's
-    out = (sums.double() * scale.double()).sum(-1)
+    f0, f1 = factors(bits, dw, mins, sub_scales, sub_mins)
+    half = BLOCK // 2 if bits in SPLIT else BLOCK
+    sums = torch.einsum("nbi,mbi->mnb", qw[..., :half].long(), qx[..., :half].long())  # [m, N, nb] exact
+    out = (sums.double() * (f0[None] * dx[:, None]).double()).sum(-1)  # fp32 products, as the kernel's
+    if f1 is not None:
+        second = (torch.einsum("nbi,mbi->mnb", qw[..., half:].long(), qx[..., half:].long()) if bits in SPLIT
+                  else qx.long().sum(-1)[:, None, :])  # Q6_K: the second half's sums; else the rows' block sums
+        out = out + (second.double() * (f1[None] * dx[:, None]).double()).sum(-1)
     if bias is not None:
         out = out + bias.double()
     return out.float()
@@ -288,8 +402,9 @@ def quant_mm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
         raise ValueError(f"quant_mm: the input {list(x.shape)} must be rows [m, K]")
     x = x.contiguous()
     m, k = x.shape
-    if (x.dtype != torch.float32 or panels.dtype != torch.uint8 or panels.dim() != 2 or bits not in BITS
-            or panels.shape[1] != panel_bytes(k, bits) or panels.shape[0] * PANEL < n or n < 0
+    if (x.dtype != torch.float32 or panels.dtype != torch.uint8 or panels.dim() != 2 or bits not in CODES
+            or (bits in SUPER and k % SUPERBLOCK) or panels.shape[1] != panel_bytes(k, bits)
+            or panels.shape[0] * PANEL < n or n < 0
             or not panels.is_contiguous() or not (x.is_cpu and panels.is_cpu)
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() < n
                                       or not bias.is_cpu))):
@@ -309,7 +424,7 @@ def call(lib: ctypes.CDLL, x: torch.Tensor, panels: torch.Tensor, n: int, bits: 
     rc = lib.quant_mm(x.data_ptr(), extent(x), x.shape[0], x.shape[1], panels.data_ptr(), extent(panels), n, bits,
                       None if bias is None else bias.data_ptr(), 0 if bias is None else extent(bias),
                       y.data_ptr(), extent(y), threads)
-    return outcome("quant_mm", rc, f"no {bits}-bit panels")
+    return outcome("quant_mm", rc, f"no panels of format {bits} for these rows")
 
 
 def rows(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

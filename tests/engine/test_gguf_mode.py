@@ -1,10 +1,11 @@
-"""The gguf mode (`--dtype gguf`): a .gguf's own Q8_0, Q5_0 and Q4_0 blocks on rest-lsp's integer kernel (8, 5 and
-4-bit panels), its other tensors requantized to Q8_0.
+"""The gguf mode (`--dtype gguf`): a .gguf's own Q8_0, Q5_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K blocks on rest-lsp's
+integer kernel (panels of each format), its other tensors requantized to Q8_0.
 
 A tiny GGUF is written here (gguf's GGUFWriter, from the tiny random models) with tensors of every kind: Q5_0, Q8_0
 and Q4_0 blocks, a fused q/k/v whose parts differ in width, an F16 tensor, llama's permuted q/k rows, a tied and an
-untied LM head. Loaded with `--dtype gguf`, every block tensor runs on the file's blocks exactly as they are, and
-greedy REST writes what plain decoding in the same mode writes, with any drafts.
+untied LM head; and one of K-quant and Q4_1 blocks (random raw blocks: gguf-py writes no K-quants). Loaded with
+`--dtype gguf`, every block tensor runs on the file's blocks exactly as they are, and greedy REST writes what plain
+decoding in the same mode writes, with any drafts.
 """
 
 import logging
@@ -292,19 +293,115 @@ def test_dtype_gguf_is_a_mode_of_its_own_named_gguf(monkeypatch):
 
 
 def test_gguf_blocks_decode_as_gguf_dequantizes():
-    """Q8_0, Q5_0 and Q4_0 raw bytes -> blocks whose d x q is gguf-py's (transformers') dequantization."""
+    """Q8_0, Q5_0, Q4_0 and Q4_1 blocks as gguf-py quantizes a weight -> blocks whose formula is gguf-py's
+    (transformers') dequantization."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
     rng = np.random.default_rng(0)
     weight = (rng.standard_normal((48, 96)) * 0.05).astype(np.float32)
-    for kind, bits in gguf_blocks.BITS.items():
+    for kind in ("Q8_0", "Q5_0", "Q4_0", "Q4_1"):
+        bits = gguf_blocks.BITS[kind]
         raw = quantize(weight, GGMLQuantizationType[kind])
         blocks = gguf_blocks.decode(raw, kind, 96)
         assert blocks.bits == bits and blocks.quants.shape == (48, 3, 32)
         off = quant_matmul.OFFSETS[bits]
-        assert -off <= int(blocks.quants.min()) and int(blocks.quants.max()) < off
+        assert -off <= int(blocks.quants.min()) and int(blocks.quants.max()) < (1 << quant_matmul.WIDTHS[bits]) - off
         assert torch.equal(blocks.dequantized(), torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind])))
+
+
+def test_every_kept_kind_decodes_as_gguf_dequantizes_its_raw_blocks():
+    """Random raw blocks of every kept type (every quant, 6-bit scale and min bit pattern; gguf-py writes no
+    K-quants) -> Blocks whose formula, computed as gguf-py computes it, is gguf-py's (transformers') dequantization
+    bit for bit, their quants in the range of their panels."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    from gguf_writer import random_raw
+
+    for kind, bits in gguf_blocks.BITS.items():
+        raw = random_raw(kind, 40, 512, seed=bits)
+        blocks = gguf_blocks.decode(raw, kind, 512)
+        assert blocks.bits == bits and blocks.quants.shape == (40, 16, 32), kind
+        off, width = quant_matmul.OFFSETS[bits], quant_matmul.WIDTHS[bits]
+        assert int(blocks.quants.min()) == -off and int(blocks.quants.max()) == (1 << width) - off - 1, kind
+        assert torch.equal(blocks.dequantized(), torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]))), kind
+        quant_matmul.pack_blocks(**blocks.fields(), bits=bits)  # in range for its panels
+
+
+def transformers_model(path: Path):
+    """The .gguf as transformers loads it: fp32 weights, dequantized by gguf-py."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                local_files_only=True).eval()
+
+
+# each module's type in a file of K-quant and Q4_1 blocks (K a multiple of 256): a fused q/k/v of Q4_K and Q6_K,
+# a gate/up of Q4_K and Q4_1, Q5_K o, Q6_K down and head, Q4_1 embeddings
+K_TYPES = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q5_K", "ffn_gate": "Q4_K",
+           "ffn_up": "Q4_1", "ffn_down": "Q6_K", "token_embd": "Q4_1", "output": "Q6_K"}
+
+
+@pytest.fixture(scope="module")
+def kquant_gguf(tmp_path_factory) -> Path:
+    from gguf_writer import write_gguf
+
+    return write_gguf(tmp_path_factory.mktemp("kq") / "tiny-kquant.gguf", hidden=256, ffn=512, heads=4, kv=2,
+                      layers=2, kinds=K_TYPES, eos=None)
+
+
+@pytest.fixture(scope="module")
+def kquant_decoder(kquant_gguf):
+    from rest_lsp.engine.model import load_model
+
+    needs_kernel()
+    return Decoder(load_model(str(kquant_gguf), "cpu", "gguf"))
+
+
+def test_k_quant_and_q4_1_tensors_run_on_their_own_blocks(kquant_decoder, kquant_gguf, caplog):
+    """Q4_K, Q5_K, Q6_K and Q4_1 tensors keep their blocks (none requantized to Q8_0, the llama q and k rows
+    un-permuted), each part's panels the file's blocks repacked, and the load says which kinds it kept."""
+    from gguf import GGUFReader
+
+    d = kquant_decoder
+    assert d.mode == "gguf"
+    q_rows, kv_rows, ffn, hidden = 256, 128, 512, 256
+    codes = quant_matmul.FORMATS
+    for layer in d.lean.layers:
+        assert widths(layer.qkv) == [(codes["Q4_K"], q_rows + kv_rows), (codes["Q6_K"], kv_rows)]
+        assert widths(layer.o) == [(codes["Q5_K"], hidden)]
+        assert widths(layer.gate_up) == [(codes["Q4_K"], ffn), (codes["Q4_1"], ffn)]
+        assert widths(layer.down) == [(codes["Q6_K"], hidden)]
+    assert widths(d.lean.head) == [(codes["Q6_K"], d.vocab_size)]
+    tensors = {t.name: t for t in GGUFReader(kquant_gguf).tensors}
+    down = gguf_blocks.decode(tensors["blk.1.ffn_down.weight"].data, "Q6_K", ffn)
+    assert torch.equal(d.lean.layers[1].down.parts[0].panels, quant_matmul.pack_blocks(**down.fields(), bits=62))
+    hf = transformers_model(kquant_gguf)  # transformers' own dequantization of the file
+    assert torch.equal(down.dequantized(), hf.model.layers[1].mlp.down_proj.weight)
+    weights = gguf_blocks.GgufWeights(kquant_gguf)
+    with caplog.at_level(logging.INFO, logger="rest_lsp.engine.gguf_blocks"):
+        for i, layer in enumerate(hf.model.layers):
+            for name, module in MODULES.items():
+                assert weights.blocks(f"blk.{i}.{name}.weight", layer.get_submodule(module).weight) is not None
+        weights.report()
+    assert weights.unmatched == [] and "(Q4_1 2, Q4_K 6, Q5_K 2, Q6_K 4)" in caplog.records[-1].getMessage()
+
+
+def test_greedy_rest_equals_plain_decoding_with_k_quant_blocks(kquant_decoder):
+    """REST over Q4_K, Q5_K, Q6_K and Q4_1 panels accepts what a one-token step picks, with any drafts, in trees of
+    4-16 nodes."""
+    assert_rest_is_plain_decoding(kquant_decoder, kquant_decoder.vocab_size, budgets=(4, 16))
+
+
+def test_the_k_quant_step_is_close_to_the_fp32_one(kquant_decoder, kquant_gguf):
+    """The K-quant panels compute the dequantized weights' product, to within the rows' quantization."""
+    from rest_lsp.engine.model import load_model
+
+    exact = Decoder(load_model(str(kquant_gguf), "cpu", "float32"))  # the machine's fp32 packing
+    ids, pos = torch.tensor([3, 14, 15, 92, 65, 35]), torch.arange(6)
+    a = kquant_decoder.logits(kquant_decoder.lean.forward(ids, pos, kquant_decoder.lean.new_cache()))
+    b = exact.logits(exact.lean.forward(ids, pos, exact.lean.new_cache()))
+    assert 0 < (a - b).abs().max() < 0.05 * b.abs().max()
 
 
 def code_model_path() -> Path:
@@ -327,9 +424,9 @@ def code_decoder():
 
 
 @pytest.mark.slow
-def test_the_code_models_q5_0_and_q8_0_tensors_run_on_their_own_blocks(code_decoder):
+def test_the_code_models_tensors_run_on_their_own_blocks(code_decoder):
     """Qwen2.5-Coder-0.5B Q4_K_M: its Q5_0 tensors on 5-bit panels, its Q8_0 ones (half the v, the LM head) on
-    8-bit ones, its Q4_K and Q6_K ones (down) requantized to Q8_0; every block tensor kept (none unmatched)."""
+    8-bit ones, its Q4_K and Q6_K ones (down) on Q4_K and Q6_K panels; every block tensor kept (none unmatched)."""
     from gguf import GGUFReader
 
     decoder, _ = code_decoder
@@ -341,7 +438,8 @@ def test_the_code_models_q5_0_and_q8_0_tensors_run_on_their_own_blocks(code_deco
         v_bits = gguf_blocks.BITS[tensors[f"blk.{i}.attn_v.weight"]]
         want = [(5, q_rows + 2 * kv_rows)] if v_bits == 5 else [(5, q_rows + kv_rows), (8, kv_rows)]
         assert widths(layer.qkv) == want, i
-        assert widths(layer.o)[0][0] == widths(layer.gate_up)[0][0] == 5 and widths(layer.down)[0][0] == 8
+        assert widths(layer.o)[0][0] == widths(layer.gate_up)[0][0] == 5
+        assert widths(layer.down)[0][0] == gguf_blocks.BITS[tensors[f"blk.{i}.ffn_down.weight"]] in (42, 62)
     assert widths(decoder.lean.head) == [(8, cfg.vocab_size)]
 
 
@@ -358,3 +456,31 @@ def test_the_code_model_in_the_gguf_mode_rest_equals_plain(code_decoder):
         wrong = [t if i % 3 else (t + 1) % decoder.vocab_size for i, t in enumerate(truth)]
         for source in (ContextLookup(), NgramDrafts([prompt + truth]), NgramDrafts([prompt + wrong])):
             assert decoder.generate(prompt, source, DecodeConfig(max_new_tokens=24, budget=16)).tokens == truth
+
+
+@pytest.fixture(scope="module")
+def default_gguf_decoder():
+    from rest_lsp.engine.model import DEFAULT_MODEL, load_model, load_tokenizer
+
+    needs_kernel()
+    return Decoder(load_model(DEFAULT_MODEL, "cpu", "gguf")), load_tokenizer(DEFAULT_MODEL)
+
+
+@pytest.mark.slow
+def test_the_default_models_q4_1_tensors_run_on_their_own_blocks_and_rest_equals_plain(default_gguf_decoder):
+    """SmolLM2-135M Q4_1: every linear layer on Q4_1 panels (none requantized to Q8_0), the head (its Q8_0 token
+    embeddings) on 8-bit ones; greedy REST writes what plain decoding writes, with perfect and partly right drafts."""
+    from rest_lsp.drafting.drafts import ContextLookup, NgramDrafts
+
+    decoder, tokenizer = default_gguf_decoder
+    assert decoder.mode == "gguf"
+    q4_1 = quant_matmul.FORMATS["Q4_1"]
+    for layer in decoder.lean.layers:
+        assert {bits for mm in (layer.qkv, layer.o, layer.gate_up, layer.down) for bits, _ in widths(mm)} == {q4_1}
+    assert widths(decoder.lean.head) == [(8, decoder.vocab_size)]
+    text = "import os\n\n\ndef list_python_files(folder):\n"
+    prompt = tokenizer.encode(text)
+    truth = plain_tokens(decoder, prompt, 24)
+    wrong = [t if i % 3 else (t + 1) % decoder.vocab_size for i, t in enumerate(truth)]
+    for source in (ContextLookup(), NgramDrafts([prompt + truth]), NgramDrafts([prompt + wrong])):
+        assert decoder.generate(prompt, source, DecodeConfig(max_new_tokens=24, budget=16)).tokens == truth

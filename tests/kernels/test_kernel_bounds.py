@@ -112,6 +112,8 @@ def quant_mm_args(**change):
     ({"k": 100, "xn": 300}, buffers.BAD_SIZES),  # 4 blocks a panel
     ({"bits": 5, "wn": 3 * quant_matmul.panel_bytes(70, 5)}, 0),  # narrower panels read less
     ({"bits": 6}, buffers.UNSUPPORTED),
+    ({"bits": 41}, 0),  # Q4_1 panels: blocks of 32, smaller than the buffer
+    ({"bits": 42}, buffers.UNSUPPORTED),  # Q4_K: K = 70 is not whole superblocks of 256
     ({"m": -1}, buffers.BAD_SIZES),
     ({"w": None}, buffers.BAD_SIZES),
     ({"m": 1 << 40, "xn": 1 << 62}, buffers.BAD_SIZES),
@@ -121,6 +123,18 @@ def test_quant_mm_checks_every_size_before_reading(change, code):
     lib = lib_of(quant_matmul)
     args, keep = quant_mm_args(**change)
     assert lib.quant_mm(*args.values()) == code
+
+
+@pytest.mark.parametrize("bits", [41, 42, 52, 62])
+def test_quant_mm_checks_the_panels_of_each_two_term_format(bits):
+    """Each format's panel size (its quants, then its scales and mins) is what the C checks the weight buffer
+    against: one byte short is refused before anything is read."""
+    lib = lib_of(quant_matmul)
+    x, y = torch.randn(3, 512), torch.empty(3, 40)
+    panels = quant_matmul.pack_blocks(**quant_matmul.random_blocks(bits, 40, 512), bits=bits)
+    assert panels.shape == (3, quant_matmul.panel_bytes(512, bits))
+    for wn, code in ((panels.numel(), 0), (panels.numel() - 1, buffers.BAD_SIZES)):
+        assert lib.quant_mm(ptr(x), x.numel(), 3, 512, ptr(panels), wn, 40, bits, None, 0, ptr(y), y.numel(), 1) == code
 
 
 @pytest.mark.parametrize("which", ["xn", "xqn", "xdn", "xsn"])
