@@ -59,7 +59,7 @@ class _Recording(threading.local):
     observed: list | None = None  # [(position, token, ids, probs)] of the decode under way
 
 
-def install_hooks(record: Path, deps_spec: dict | None, tag: str) -> None:
+def install_hooks(record: Path, deps_spec: dict | None, tag: str, model_name: str) -> None:
     """Wrap the decoder's generate (and what it teaches the recycle source) so that every decode with drafts is
     followed by the oracle over its continuation, one JSON line per decode in `record`."""
     from rest_lsp.drafting.drafts import SuccessorTable
@@ -121,7 +121,7 @@ def install_hooks(record: Path, deps_spec: dict | None, tag: str) -> None:
             return result
         finally:
             _restore(table, after)
-        line.update(corpus=tag, job=rec.job, steps=result.steps, finish=result.finish)
+        line.update(corpus=tag, job=rec.job, steps=result.steps, finish=result.finish, model=model_name)
         with lock, open(record, "a") as f:
             f.write(json.dumps(line) + "\n")
         return result
@@ -220,6 +220,8 @@ def replay_decode(decoder, prompt, tokens, drafts, budget, acceptance, curve, ta
         row = {"src": [[p.source, p.match_length, proposal_depth(p, truth)] for p in props]}
         row.update(accepted_by(props, seq[-1], truth, budget, acceptance, curve, build_tree, fit_to_cost, ""))
         row["budget_raw"] = tree_depth(build_tree(seq[-1], props, budget, None), truth)
+        # today's tree size, its nodes ranked by the sources' own ratios instead of the learned acceptance
+        row["fit_raw"] = tree_depth(build_tree(seq[-1], props, row["fit_nodes"], None), truth)
         if extra is not None:
             mix.sources.append(("deps", extra))
             try:
@@ -305,7 +307,8 @@ def serve(argv: list[str]) -> int:
     if rest and rest[0] == "--":
         rest = rest[1:]
     spec = json.loads(args.deps_spec.read_text()) if args.deps_spec else None
-    install_hooks(args.record, spec, args.tag)
+    model = rest[rest.index("--model") + 1] if "--model" in rest[:-1] else "the default model"
+    install_hooks(args.record, spec, args.tag, Path(model).name)
     from rest_lsp.cli import main as cli_main
 
     return cli_main(["--stdio", *rest])
@@ -403,14 +406,34 @@ def load(record: Path) -> list[dict]:
     return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
 
 
-def walk(positions: list[dict], key: str, cap_chain: bool = False) -> tuple[int, int]:
+def _value(p: dict, key) -> int:
+    return key(p) if callable(key) else p[key]
+
+
+def ideal(p: dict) -> int:
+    """What a tree of today's size accepts when its nodes are the right ones, as far as any source held them."""
+    return min(p["all"], p["fit_nodes"])
+
+
+def deps_fallback(key: str):
+    """The dependencies datastore asked only where no other source matched more than WEAK_MATCH tokens (as the
+    recycle source is)."""
+    from rest_lsp.drafting.drafts import WEAK_MATCH
+
+    def value(p: dict) -> int:
+        weak = max((m for _, m, _ in p["src"]), default=0) <= WEAK_MATCH
+        return p["deps_" + key] if weak else p[key]
+    return value
+
+
+def walk(positions: list[dict], key, cap_chain: bool = False) -> tuple[int, int]:
     """(steps, tokens) of REST over one continuation when each step accepts `key` drafts plus its own token.
     `cap_chain`: a step whose path ran out of drafts at CAP goes on into the next step's (longer drafts)."""
     i, steps, n = 0, 0, len(positions)
     while i < n:
         steps += 1
         while True:
-            got = min(positions[i][key], n - i - 1)
+            got = min(_value(positions[i], key), n - i - 1)
             leaf = cap_chain and positions[i].get("leaf") and got >= CAP
             i += got + 1
             if not leaf or i >= n:
@@ -419,6 +442,9 @@ def walk(positions: list[dict], key: str, cap_chain: bool = False) -> tuple[int,
 
 
 def tokens_per_step(decodes: list[dict], key: str, cap_chain: bool = False) -> float:
+    """Over every decode; NaN when a decode was recorded without `key`."""
+    if not callable(key) and not all(key in p for d in decodes for p in d["positions"]):
+        return float("nan")
     steps = tokens = 0
     for d in decodes:
         s, t = walk(d["positions"], key, cap_chain)
@@ -492,14 +518,21 @@ def report(decodes: list[dict], label: str) -> str:
              tokens_per_step(decodes, "fit")),
             ("oracle, the budget's tree, no cost cut", tokens_per_step(decodes, "budget")),
             ("oracle, the budget's tree without learned acceptance", tokens_per_step(decodes, "budget_raw")),
+            ("oracle, today's tree size without learned acceptance", tokens_per_step(decodes, "fit_raw")),
+            ("oracle, today's tree size, its nodes the right ones where a source held them",
+             tokens_per_step(decodes, ideal)),
             ("oracle, every draft of every source (no budget)", tokens_per_step(decodes, "all")),
             ("candidate: longer drafts where a path runs out at the cap (upper bound)",
              tokens_per_step(decodes, "fit", cap_chain=True))]
     if all("deps_fit" in p for d in decodes for p in d["positions"]) and decodes:
         rows += [("candidate: + dependencies datastore, today's tree", tokens_per_step(decodes, "deps_fit")),
                  ("candidate: + dependencies datastore, the budget's tree", tokens_per_step(decodes, "deps_budget")),
-                 ("candidate: + dependencies datastore, every draft", tokens_per_step(decodes, "deps_all"))]
-    out += ["| tokens/step | |", "|---|---|"] + [f"| {name} | {v:.2f} |" for name, v in rows]
+                 ("candidate: + dependencies datastore, every draft", tokens_per_step(decodes, "deps_all")),
+                 ("candidate: + dependencies datastore where nothing else matched over 2 tokens, today's tree",
+                  tokens_per_step(decodes, deps_fallback("fit"))),
+                 ("candidate: + dependencies datastore where nothing else matched over 2 tokens, the budget's tree",
+                  tokens_per_step(decodes, deps_fallback("budget")))]
+    out += ["| tokens/step | |", "|---|---|"] + [f"| {name} | {v:.2f} |" for name, v in rows if v == v]
     c = losses(decodes)
     if c:
         out += ["", "Along today's steps (tokens of the continuation):", "",
@@ -555,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     by_corpus = defaultdict(list)
     for d in decodes:
         by_corpus[d.get("corpus", "all")].append(d)
-    model = Path(args.model).name if args.model else "the default model"
+    model = decodes[0].get("model") if decodes else None
+    model = model or (Path(args.model).name if args.model else "the default model")
     parts = [report(ds, f"{model}, {name}") for name, ds in sorted(by_corpus.items())]
     if len(by_corpus) > 1:
         parts.append(report(decodes, f"{model}, all corpora"))
