@@ -8,7 +8,9 @@ every position of that continuation is replayed without the model: the request's
 they would draft there, the tree is built as the decoder builds it (the node budget, the learned acceptance as it
 stood when the decode began, the step-cost curve the decoder had learned), and the continuation says how far each
 draft is right. The model's habits (the recycle source) are fed back in the order the decode taught them, so a
-position sees what a decode reaching it had seen.
+position sees what a decode reaching it had seen. Each decode's line in the record (`--out` with `.jsonl`) also
+holds its continuation, every position's proposals, the acceptance table and the step-cost curve it was drafted
+with, so that other trees can be counted from the record alone (`--report` counts one again).
 
 Per position it records: each source's proposal (match length, how many of the next tokens it held), how many
 tokens the full trie (every proposal, no budget), the budget's tree and the tree cut to the step cost would have
@@ -217,7 +219,10 @@ def replay_decode(decoder, prompt, tokens, drafts, budget, acceptance, curve, ta
             j += 1
         truth = tokens[i:]
         props = decoder._usable(propose(drafts, seq), len(seq))
-        row = {"src": [[p.source, p.match_length, proposal_depth(p, truth)] for p in props]}
+        row = {"src": [[p.source, p.match_length, proposal_depth(p, truth)] for p in props],
+               # the proposals themselves, so that other trees can be counted from the record alone
+               "props": [[p.source, p.match_length, list(p.under), list(p.tokens), list(p.parents),
+                          [round(r, 4) for r in p.ratios]] for p in props]}
         row.update(accepted_by(props, seq[-1], truth, budget, acceptance, curve, build_tree, fit_to_cost, ""))
         row["budget_raw"] = tree_depth(build_tree(seq[-1], props, budget, None), truth)
         # today's tree size, its nodes ranked by the sources' own ratios instead of the learned acceptance
@@ -235,7 +240,8 @@ def replay_decode(decoder, prompt, tokens, drafts, budget, acceptance, curve, ta
             row.update(accepted_by(scored, seq[-1], truth, budget, acceptance, curve, build_tree, fit_to_cost,
                                    "deps_"))
         positions.append(row)
-    return {"prompt": len(prompt), "tokens": len(tokens), "positions": positions,
+    return {"prompt": len(prompt), "tokens": len(tokens), "positions": positions, "truth": tokens,
+            "acceptance": acceptance.to_json("oracle"), "curve": list(curve),
             "deps_store": deps.info if deps is not None and deps.store is not None else None}
 
 

@@ -85,3 +85,25 @@ def test_dependency_files_leave_out_the_corpus_and_copies_of_it(tmp_path, monkey
     assert imported_roots(site / "mypkg") == {"dep", "os"}
     files = [Path(f).relative_to(tmp_path).as_posix() for f in dependency_files(site / "mypkg", 1000)]
     assert files == ["site/dep/__init__.py", "stdlib/os.py"]
+
+
+def test_replay_decode_counts_what_the_requests_own_sources_would_draft():
+    from benchmarks.acceptance_oracle import replay_decode
+    from rest_lsp.drafting.acceptance import AcceptanceModel
+    from rest_lsp.drafting.drafts import SuccessorTable, rest_drafts
+
+    class Vocabulary:  # the decoder's filter of proposals: every id here is in its vocabulary
+        def _usable(self, proposals, seq_length):
+            return proposals
+
+    prompt = [1, 2, 3, 4, 5, 9, 1, 2]
+    tokens = [3, 4, 5, 7]  # the model repeats the prompt's line, then leaves it
+    table = SuccessorTable()
+    drafts = rest_drafts(recycle=table)
+    line = replay_decode(Vocabulary(), prompt, tokens, drafts, 16, AcceptanceModel(), [0.0, 1.0, 1.0, 1.0],
+                         table, None, [], None)
+    first = line["positions"][0]
+    assert (first["all"], first["budget"]) == (3, 3)  # 3 4 5 held by the context; 7 by nothing
+    assert ["context", 2, 3] in first["src"]
+    assert [p["all"] for p in line["positions"]] == [3, 2, 1, 0]
+    assert line["truth"] == tokens and len(line["positions"][0]["props"]) == len(first["src"])
