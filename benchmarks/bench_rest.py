@@ -177,7 +177,9 @@ def main() -> None:
                     help="also run plain and REST in the CPU's other mode: float32 (exact) when the default is "
                          "float16-weights (fp32 arithmetic over fp16 copies of the linear weights), else that")
     ap.add_argument("--llama-cpp", action="store_true",
-                    help="also time llama.cpp's plain decoding of the same GGUF and prompts (pip install -e .[bench])")
+                    help="also time llama.cpp's plain decoding of the same GGUF and prompts (pip install -e .[bench]), "
+                         "and llama-server's with ngram-mod and ngram-cache speculation where it is built "
+                         "(build_llama_server.sh, or $LLAMA_SERVER)")
     args = ap.parse_args()
     corpora = args.corpus or stdlib_corpora("asyncio", "json", "email")
     for corpus in corpora:

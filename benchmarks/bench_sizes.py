@@ -4,9 +4,10 @@ the 1.5B/7B-shaped files of benchmarks/shaped_gguf.py.
     .venv/bin/python benchmarks/bench_sizes.py --dir /work/shaped [--real] [--n-new 32] [--prompt-tokens 256]
         [--threads 2] [--mem-cap-gb 20] [--sides rest,llama.cpp] [--timeout-s 1800]
 
-Each (file, side) runs in its own child process under an address-space cap (`prlimit --as`, --mem-cap-gb): a load
-too big for the machine fails there and its row says "out of memory" instead of the machine swapping or the OOM
-killer choosing a victim. In the child: the load (rest-lsp: rest_lsp.engine.model.load_model(file, "cpu", "gguf"),
+Each (file, side) runs in its own child process under an address-space cap (`prlimit --as`): --mem-cap-gb (default:
+20 GB or 80% of the memory available now, whichever is less) plus the file's size (a memory-mapped file counts in
+the address space but its pages can be dropped); a load too big for the machine fails there and its row says "out
+of memory" instead of the machine swapping or the OOM killer choosing a victim. In the child: the load (rest-lsp: rest_lsp.engine.model.load_model(file, "cpu", "gguf"),
 as bench_rest loads; llama.cpp: llama-cpp-python's Llama, else the llama-server that build_llama_server.sh built),
 one short warm-up, then plain greedy decoding of --n-new tokens after a --prompt-tokens prompt of real code (the
 same token ids on both sides). Reported per child: load seconds, peak RSS (VmHWM of the process: what the mapped
@@ -148,15 +149,22 @@ def child_main(args: argparse.Namespace) -> int:
 def classify_failure(returncode: int, stderr: str, cap_gb: float) -> str:
     """One sentence for a child that gave no result: out of memory under the cap, killed, or its last error line."""
     if any(mark.lower() in stderr.lower() for mark in OOM_MARKS):
-        return f"out of memory (address space capped at {cap_gb:g} GB)"
+        return f"out of memory (address space capped at {cap_gb:.1f} GB)"
     if returncode < 0 or returncode in (137, 139):
         return f"killed (signal {-returncode if returncode < 0 else returncode - 128})"
     last = next((line for line in reversed(stderr.strip().splitlines()) if line.strip()), "no output")
     return f"failed (exit {returncode}): {last[:160]}"
 
 
+def available_gb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / (1 << 20)
+    return 20.0
+
+
 def run_child(side: str, file: Path, prompt: Path, args: argparse.Namespace) -> dict:
-    cap = int(args.mem_cap_gb * (1 << 30))
+    cap = int(args.mem_cap_gb * (1 << 30)) + file.stat().st_size
     env = dict(os.environ)
     cache = tempfile.mkdtemp(prefix="rest-lsp-sizes-cache-")
     env["REST_LSP_CACHE_DIR"] = cache  # rest-lsp's conversion cache: removed below
@@ -175,7 +183,7 @@ def run_child(side: str, file: Path, prompt: Path, args: argparse.Namespace) -> 
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return {**json.loads(line[len("RESULT "):]), "wall_s": wall}
-    return {"error": classify_failure(out.returncode, out.stderr + out.stdout, args.mem_cap_gb), "wall_s": wall}
+    return {"error": classify_failure(out.returncode, out.stderr + out.stdout, cap / (1 << 30)), "wall_s": wall}
 
 
 def files_to_run(args: argparse.Namespace) -> list[Path]:
@@ -258,7 +266,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-new", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--mem-cap-gb", type=float, default=20.0, help="each child's address-space cap")
+    ap.add_argument("--mem-cap-gb", type=float, default=None,
+                    help="each child's address-space cap beyond the file's size (default: min(20, 80%% of the "
+                         "memory available))")
     ap.add_argument("--timeout-s", type=int, default=1800, help="each child's time limit")
     ap.add_argument("--llama-label", default="llama.cpp", help="the llama.cpp column's name (e.g. llama.cpp AVX2)")
     ap.add_argument("--out", default="sizes")
@@ -269,6 +279,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if bad := [s for s in args.sides if s not in SIDES]:
         ap.error(f"--sides takes {', '.join(SIDES)}; got {', '.join(bad)}")
+    if args.mem_cap_gb is None:
+        args.mem_cap_gb = round(min(20.0, 0.8 * available_gb()), 1)
     if args.n_new < 2 or args.prompt_tokens < 16 or args.mem_cap_gb <= 0:
         ap.error("--n-new must be at least 2, --prompt-tokens at least 16, --mem-cap-gb positive.")
     return args
@@ -299,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     text = table(rows, args.sides, labels)
     print(f"threads {args.threads}, prompt {args.prompt_tokens} tokens, {args.n_new} new tokens, each child capped at "
-          f"{args.mem_cap_gb:g} GB of address space; load average {os.getloadavg()[0]:.1f}\n")
+          f"{args.mem_cap_gb:g} GB of address space plus its file's size; load average {os.getloadavg()[0]:.1f}\n")
     print(text)
     write_json(RESULTS / f"{args.out}.json", {"rows": rows, "threads": args.threads, "n_new": args.n_new,
                                               "prompt_tokens": args.prompt_tokens, "mem_cap_gb": args.mem_cap_gb,

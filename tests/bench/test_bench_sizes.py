@@ -15,7 +15,7 @@ from benchmarks.llama_cpp_peer import PeerRun  # noqa: E402
 
 def test_a_child_out_of_its_address_space_is_reported_as_out_of_memory():
     stderr = "Traceback (most recent call last):\n  ...\nRuntimeError: DefaultCPUAllocator: can't allocate memory"
-    assert classify_failure(1, stderr, 20) == "out of memory (address space capped at 20 GB)"
+    assert classify_failure(1, stderr, 20) == "out of memory (address space capped at 20.0 GB)"
     assert classify_failure(1, "terminate called after throwing an instance of 'std::bad_alloc'", 8).startswith(
         "out of memory")
     assert classify_failure(-9, "", 20) == "killed (signal 9)"
