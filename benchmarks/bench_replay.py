@@ -90,6 +90,9 @@ MODES = ("line", "typed")
 # Cumulative counters the stats would need for exact per-request deltas (not in the server's stats yet: without
 # them tokens/step and ms/token fall back to each process's running means, warm-up included).
 COUNTERS = ("generated_tokens", "decode_steps", "decode_ms")
+# more of the rest-lsp server's counters kept per request where its stats have them: prompt tokens computed for
+# requests, and of decode_ms the drafting's share
+MORE_COUNTERS = ("prefill_tokens", "draft_ms")
 WARMUP_TEXT = "import os\n\n\ndef main():\n    "
 MIN_BODY_LINES = 2
 # After a configuration's turn (one function written) its server settles before the next one's turn: what it
@@ -321,6 +324,7 @@ class Person:
             "first_line_match": first_line_matches(text, expected),
             "shown_chars": len(text), "kept_chars": kept_chars(text, truth),
             **counter_deltas(before, after),
+            **{k: after[k] - before[k] for k in MORE_COUNTERS if k in before and k in after},
             **{k: after[k] for k in llama_vim.TIMINGS if k in after},  # llama-server's own timings of this reply
         }
         self.records.append(record)
@@ -562,6 +566,13 @@ def decode_rates(records: list[dict], processes: list[dict]) -> dict:
             "source": "the server's running means per process (warm-up included), weighted by completions decoded"}
 
 
+def _per_answer(records: list[dict]) -> float | None:
+    answered = [r for r in records if r["answer"] in ("model", "prefetch")]
+    counts = [r.get("prefill_tokens", r.get("prompt_n")) for r in answered]
+    counts = [c for c in counts if c is not None]
+    return sum(counts) / len(counts) if counts else None
+
+
 def summarize(records: list[dict], processes: list[dict]) -> dict:
     later = [r["ms"] for r in records if not r["first_after_open"]]
     first = [r["ms"] for r in records if r["first_after_open"]]
@@ -579,6 +590,8 @@ def summarize(records: list[dict], processes: list[dict]) -> dict:
         "unsupported": next((p.get("unsupported") for p in processes if p.get("unsupported")), ""),
         # llama-server's speculation: draft tokens it proposed and the model accepted (its replies' timings)
         "drafted": sum(r.get("draft_n") or 0 for r in records),
+        # prompt tokens computed per model answer (rest-lsp: its prefill_tokens counter; llama-server: prompt_n)
+        "prompt_tokens_per_answer": _per_answer(records),
         "draft_accepted": sum(r.get("draft_n_accepted") or 0 for r in records),
         **decode_rates(records, processes),
     }
@@ -683,6 +696,8 @@ def table(results: dict, configs: list[str]) -> str:
             ("tokens/step", cell(lambda x: _num(x["tokens_per_step"], ".2f")), "tokens_per_step"),
             ("ms/token", cell(lambda x: _num(x["ms_per_token"], ".1f")), "ms_per_token"),
         ]
+        rows.append(("prompt tokens computed per model answer",
+                     cell(lambda x: _num(x.get("prompt_tokens_per_answer"), ".0f")), None))
         if any(c in LLAMAS for c in configs):
             rows.append(("llama-server draft tokens accepted / drafted",
                          cell(lambda x: f"{x.get('draft_accepted', 0)}/{x.get('drafted', 0)}"), None))
