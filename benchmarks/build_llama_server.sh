@@ -10,6 +10,9 @@
 # rest-lsp's forced AVX2 level, on any x86 CPU; put it in its own LLAMA_SERVER_DIR beside the default build.
 # The build also leaves llama.cpp's shared libraries in build/bin: LLAMA_CPP_LIB_PATH=<dir>/build/bin makes
 # llama-cpp-python (the `bench` extra) load this build instead of its own.
+# LLAMA_TARGETS=ggml-cpu builds only the CPU backend (the kernels: all that a level changes); with
+# LD_LIBRARY_PATH=<dir>/build/bin another build's llama-server and libllama run it (they find their libraries by
+# RUNPATH, which LD_LIBRARY_PATH overrides), e.g. the AVX2 kernels without a second full build.
 #
 # Idempotent: the sdist, the sources and the build live in benchmarks/.llama.cpp/ (git-ignored); a second run
 # only prints the path. Needs the network once (pip download), cmake and a C++ compiler.
@@ -24,8 +27,10 @@ jobs="${JOBS:-2}"
 python="${PYTHON:-$here/../.venv/bin/python}"
 [ -x "$python" ] || python=python3
 
+targets="${LLAMA_TARGETS:-llama-server}"
 binary="$root/build/bin/llama-server"
-if [ -x "$binary" ]; then
+[ "$targets" = llama-server ] || binary="$root/build/bin/libggml-cpu.so"
+if [ -e "$binary" ]; then
     echo "$binary"
     exit 0
 fi
@@ -64,5 +69,5 @@ else
 fi
 
 cmake -S "$src" -B "$root/build" "${flags[@]}" >&2
-nice -n 15 cmake --build "$root/build" --target llama-server -j "$jobs" >&2
+nice -n 15 cmake --build "$root/build" --target $targets -j "$jobs" >&2
 echo "$binary"
