@@ -183,7 +183,8 @@ def run_child(side: str, file: Path, prompt: Path, args: argparse.Namespace) -> 
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return {**json.loads(line[len("RESULT "):]), "wall_s": wall}
-    return {"error": classify_failure(out.returncode, out.stderr + out.stdout, cap / (1 << 30)), "wall_s": wall}
+    return {"error": classify_failure(out.returncode, out.stderr + out.stdout, cap / (1 << 30)), "wall_s": wall,
+            "stderr_tail": out.stderr[-1500:]}
 
 
 def files_to_run(args: argparse.Namespace) -> list[Path]:
