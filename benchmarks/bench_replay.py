@@ -22,7 +22,8 @@ indexed again). In `typed` mode the first configuration's suggestions
 decide where the person types (a person reacts to what they see); the others replay those decisions.
 
 `llama-server` replays the same requests against llama.cpp's server on the same GGUF and threads, asked exactly as
-llama.vim asks it (benchmarks/llama_vim.py: its windows, ring chunks, time caps, suggestion cache, speculative
+llama.vim asks it; `llama-server-ngram-mod` and `llama-server-ngram-cache` the same with its model-free speculation
+on (llama_vim.SPEC_FLAGS) (benchmarks/llama_vim.py: its windows, ring chunks, time caps, suggestion cache, speculative
 request and display); its latency runs from the cursor's arrival to the suggestion shown. Build it once with
 `bash benchmarks/build_llama_server.sh`. A model without FIM tokens gets no answer from it (the table says so).
 
@@ -75,6 +76,10 @@ DEFAULT_CORPORA = (*stdlib_corpora("json", "email"), REPO / "rest_lsp")
 CONFIGS = {"rest": (), "plain": ("--draft-budget", "0")}  # name -> server CLI flags
 LLAMA = "llama-server"  # llama.cpp's server asked as llama.vim asks it (benchmarks/llama_vim.py)
 CONFIGS[LLAMA] = llama_vim.SERVER_FLAGS
+# the same with llama-server's model-free speculation on (llama-server-ngram-mod, llama-server-ngram-cache)
+for _spec, _flags in llama_vim.SPEC_FLAGS.items():
+    CONFIGS[f"{LLAMA}-{_spec}"] = (*llama_vim.SERVER_FLAGS, *_flags)
+LLAMAS = tuple(c for c in CONFIGS if c.startswith(LLAMA))
 # Ablations: REST with one draft source left out
 for _source in SOURCE_NAMES:
     CONFIGS[f"rest-no-{_source}"] = ("--draft-exclude", _source)
@@ -85,6 +90,9 @@ MODES = ("line", "typed")
 # Cumulative counters the stats would need for exact per-request deltas (not in the server's stats yet: without
 # them tokens/step and ms/token fall back to each process's running means, warm-up included).
 COUNTERS = ("generated_tokens", "decode_steps", "decode_ms")
+# more of the rest-lsp server's counters kept per request where its stats have them: prompt tokens computed for
+# requests, and of decode_ms the drafting's share
+MORE_COUNTERS = ("prefill_tokens", "draft_ms")
 WARMUP_TEXT = "import os\n\n\ndef main():\n    "
 MIN_BODY_LINES = 2
 # After a configuration's turn (one function written) its server settles before the next one's turn: what it
@@ -316,6 +324,8 @@ class Person:
             "first_line_match": first_line_matches(text, expected),
             "shown_chars": len(text), "kept_chars": kept_chars(text, truth),
             **counter_deltas(before, after),
+            **{k: after[k] - before[k] for k in MORE_COUNTERS if k in before and k in after},
+            **{k: after[k] for k in llama_vim.TIMINGS if k in after},  # llama-server's own timings of this reply
         }
         self.records.append(record)
         print(f"{self.config:5} {self.mode:5} {episode.file}:{step.line + 1:<5} {record['kind']:10} "
@@ -382,8 +392,8 @@ class Replay:
     async def start(cls, args: argparse.Namespace, config: str, root: Path, work: Path, corpus: str, mode: str,
                     decisions: dict, decide: bool) -> "Replay":
         tag = f"{config}-{mode}"
-        if config == LLAMA:
-            return await cls.start_llama(args, corpus, mode, tag, work, decisions, decide)
+        if config in LLAMAS:
+            return await cls.start_llama(args, config, corpus, mode, tag, work, decisions, decide)
         flags = ["--log-level", "WARNING", "--log-file", str(work / f"server-{tag}.log"),
                  "--cache-dir", str(work / f"cache-{tag}"), *CONFIGS[config]]
         if args.model:
@@ -407,7 +417,7 @@ class Replay:
         return replay
 
     @classmethod
-    async def start_llama(cls, args: argparse.Namespace, corpus: str, mode: str, tag: str, work: Path,
+    async def start_llama(cls, args: argparse.Namespace, config: str, corpus: str, mode: str, tag: str, work: Path,
                           decisions: dict, decide: bool) -> "Replay":
         """llama-server on the same GGUF and threads, and an editor that asks it as llama.vim does."""
         binary = llama_vim.find_binary(args.llama_server)
@@ -415,8 +425,10 @@ class Replay:
             raise SystemExit("bench_replay: no llama-server; build it with `bash benchmarks/build_llama_server.sh` "
                              "or name one with --llama-server.")
         gguf = llama_gguf(args.model)
-        server = await llama_vim.LlamaServer.start(binary, gguf, args.threads, work / f"server-{tag}.log")
-        replay = cls(LLAMA, corpus, mode, tag, [str(binary), *server.flags], work)
+        extra = tuple(CONFIGS[config][len(llama_vim.SERVER_FLAGS):])
+        server = await llama_vim.LlamaServer.start(binary, gguf, args.threads, work / f"server-{tag}.log",
+                                                   extra=extra)
+        replay = cls(config, corpus, mode, tag, [str(binary), *server.flags], work)
         replay.session = llama_vim.LlamaVimSession(server, args.seed, speculative=not args.no_speculative)
         try:
             replay.unsupported = await replay.warm_up()
@@ -425,7 +437,7 @@ class Replay:
             raise
         if replay.unsupported:
             print(f"bench_replay: llama-server answers no request here: {replay.unsupported}", file=sys.stderr)
-        replay.person = Person(replay.session, LLAMA, corpus, mode, args.pause_ms / 1e3, decisions, decide)
+        replay.person = Person(replay.session, config, corpus, mode, args.pause_ms / 1e3, decisions, decide)
         return replay
 
     async def warm_up(self) -> str:
@@ -526,7 +538,7 @@ async def run(args: argparse.Namespace) -> dict:
         "seed": args.seed, "functions_per_corpus": args.functions, "max_lines": args.lines, "modes": modes,
         "pause_ms": args.pause_ms, "max_new_tokens": args.max_new_tokens or "server default",
         "configs": {c: list(CONFIGS[c]) for c in args.configs}, "plans": plans, "threads": args.threads,
-        "llama_vim_speculative": not args.no_speculative if LLAMA in args.configs else None,
+        "llama_vim_speculative": not args.no_speculative if set(LLAMAS) & set(args.configs) else None,
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "processes": processes, "requests": records,
     }
@@ -554,6 +566,13 @@ def decode_rates(records: list[dict], processes: list[dict]) -> dict:
             "source": "the server's running means per process (warm-up included), weighted by completions decoded"}
 
 
+def _per_answer(records: list[dict]) -> float | None:
+    answered = [r for r in records if r["answer"] in ("model", "prefetch")]
+    counts = [r.get("prefill_tokens", r.get("prompt_n")) for r in answered]
+    counts = [c for c in counts if c is not None]
+    return sum(counts) / len(counts) if counts else None
+
+
 def summarize(records: list[dict], processes: list[dict]) -> dict:
     later = [r["ms"] for r in records if not r["first_after_open"]]
     first = [r["ms"] for r in records if r["first_after_open"]]
@@ -569,6 +588,11 @@ def summarize(records: list[dict], processes: list[dict]) -> dict:
         "shown_chars": sum(r.get("shown_chars", 0) for r in records),
         "kept_chars": sum(r.get("kept_chars", 0) for r in records),
         "unsupported": next((p.get("unsupported") for p in processes if p.get("unsupported")), ""),
+        # llama-server's speculation: draft tokens it proposed and the model accepted (its replies' timings)
+        "drafted": sum(r.get("draft_n") or 0 for r in records),
+        # prompt tokens computed per model answer (rest-lsp: its prefill_tokens counter; llama-server: prompt_n)
+        "prompt_tokens_per_answer": _per_answer(records),
+        "draft_accepted": sum(r.get("draft_n_accepted") or 0 for r in records),
         **decode_rates(records, processes),
     }
 
@@ -625,7 +649,14 @@ def add_summary(results: dict, configs: list[str]) -> None:
 def exact_configs(configs: list[str]) -> list[str]:
     """The configurations whose suggestions must be identical: rest-lsp's (llama-server is another engine on the
     GGUF's quantized weights, sampling as llama.vim asks)."""
-    return [c for c in configs if c != LLAMA]
+    return [c for c in configs if c not in LLAMAS]
+
+
+MS_PER_TOKEN_NOTE = (
+    "ms/token is not counted alike: rest-lsp's is its decode time per token generated, from the first step on "
+    "(that step also computes the prompt's uncached tail of up to 64 tokens, e.g. the line just written; drafting "
+    "and the stop checks included; the first token counted); llama-server's is predicted_ms per token after the "
+    "first (the first comes from the prompt's pass, timed in its prompt_ms), as its predicted_per_token_ms.")
 
 
 def _ratio(a, b) -> str:
@@ -642,7 +673,7 @@ def table(results: dict, configs: list[str]) -> str:
            f"{results['max_lines']} lines per corpus ({corpora}), seed {results['seed']}, pause "
            f"{results['pause_ms']} ms, max new tokens {results['max_new_tokens']}; {results['model']}; "
            f"{results['driver']}."]
-    ratios = [(a, b) for a, b in (("rest", "plain"), ("rest", LLAMA)) if a in configs and b in configs]
+    ratios = [(a, b) for a, b in (("rest", "plain"), *(("rest", c) for c in LLAMAS)) if a in configs and b in configs]
     for mode, per in results["summary"].items():
         s = [per[c] for c in configs]
         cell = lambda f: [f(x) for x in s]  # noqa: E731
@@ -665,6 +696,11 @@ def table(results: dict, configs: list[str]) -> str:
             ("tokens/step", cell(lambda x: _num(x["tokens_per_step"], ".2f")), "tokens_per_step"),
             ("ms/token", cell(lambda x: _num(x["ms_per_token"], ".1f")), "ms_per_token"),
         ]
+        rows.append(("prompt tokens computed per model answer",
+                     cell(lambda x: _num(x.get("prompt_tokens_per_answer"), ".0f")), None))
+        if any(c in LLAMAS for c in configs):
+            rows.append(("llama-server draft tokens accepted / drafted",
+                         cell(lambda x: f"{x.get('draft_accepted', 0)}/{x.get('drafted', 0)}"), None))
         out += ["", head, "|---" * (len(configs) + 1 + len(ratios)) + "|"]
         for label, cells, key in rows:
             extra = "".join(f" {_ratio(per[a][key], per[b][key]) if key else ''} |" for a, b in ratios)
@@ -676,6 +712,8 @@ def table(results: dict, configs: list[str]) -> str:
         out.append("")
         out.append(f"Plain decoding step in this run (ms/token of the plain server): {_num(plain_step, '.1f')} ms. "
                    f"tokens/step and ms/token: {s[0]['source']}.")
+        if any(c in LLAMAS for c in configs):
+            out.append(MS_PER_TOKEN_NOTE)
         same = results["identical"][mode]
         if len(exact_configs(configs)) > 1:
             cut = len(same.get("cut_at_a_line_end", []))

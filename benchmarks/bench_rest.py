@@ -124,6 +124,33 @@ def print_learned(decoders: dict, found: dict, credited: dict, configs: list) ->
                     print(f"| {source} | {count / steps:.2f} |")
 
 
+def llama_speculation(gguf: str, prompts: list[list[int]], n: int, rows: list[dict], plain_runs: list,
+                      summary: dict) -> None:
+    """llama-server with each of its model-free speculations (llama_vim.SPEC_FLAGS), greedy, on the same prompts:
+    a row each beside llama.cpp plain; its output compared with llama.cpp plain decoding's."""
+    from llama_cpp_peer import llama_server_runs
+    from llama_vim import SPEC_FLAGS
+
+    threads = torch.get_num_threads()
+    for spec in SPEC_FLAGS:
+        runs = llama_server_runs(gguf, prompts, n, threads, spec)
+        if runs is None:
+            print(f"| llama-server {spec} | no llama-server (bash benchmarks/build_llama_server.sh) | | | | | | |")
+            return
+        key = f"llama_server_{spec.replace('-', '_')}"
+        for r, run in zip(rows, runs):
+            r[f"{key}_ms_per_token"] = run.ms_per_token
+            r[f"{key}_tokens_per_step"] = run.tokens_per_step
+        m = statistics.median(r[f"{key}_ms_per_token"] for r in rows)
+        tps = statistics.median(r[f"{key}_tokens_per_step"] for r in rows)
+        same = sum(run.tokens[:n] == plain.tokens[:n] for run, plain in zip(runs, plain_runs))
+        summary[key] = {"median_ms_per_token": m, "median_tokens_per_step": tps, "identical_to_llama_cpp": same,
+                        "vs_llama_cpp": statistics.median(r[f"{key}_ms_per_token"] / r["llama_cpp_ms_per_token"]
+                                                          for r in rows)}
+        print(f"| llama-server {spec} (greedy, {threads} threads; identical to llama.cpp plain: {same}/{len(rows)}) "
+              f"| {m:.1f} | {tps:.2f} | {summary['median_plain_ms_per_token'] / m:.2f}x | | | - | - |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, action="append",
@@ -150,7 +177,9 @@ def main() -> None:
                     help="also run plain and REST in the CPU's other mode: float32 (exact) when the default is "
                          "float16-weights (fp32 arithmetic over fp16 copies of the linear weights), else that")
     ap.add_argument("--llama-cpp", action="store_true",
-                    help="also time llama.cpp's plain decoding of the same GGUF and prompts (pip install -e .[bench])")
+                    help="also time llama.cpp's plain decoding of the same GGUF and prompts (pip install -e .[bench]), "
+                         "and llama-server's with ngram-mod and ngram-cache speculation where it is built "
+                         "(build_llama_server.sh, or $LLAMA_SERVER)")
     args = ap.parse_args()
     corpora = args.corpus or stdlib_corpora("asyncio", "json", "email")
     for corpus in corpora:
@@ -299,13 +328,15 @@ def main() -> None:
         # after all of ours, in this process: timed between our runs, llama.cpp ran 2-3x slower here (27-34 ms per
         # token instead of 10-15), so it gets the cores to itself, as a user running it would
         sys.path.insert(0, str(Path(__file__).parent))
-        from llama_cpp_peer import llama_cpp_plain
+        from llama_cpp_peer import llama_cpp_runs
 
-        for r, ms in zip(rows, llama_cpp_plain(loaded.name, prompts_used, n, torch.get_num_threads())):
-            r["llama_cpp_ms_per_token"] = ms
+        plain_runs = llama_cpp_runs(loaded.name, prompts_used, n, torch.get_num_threads())
+        for r, run in zip(rows, plain_runs):
+            r["llama_cpp_ms_per_token"] = run.ms_per_token
         summary["median_llama_cpp_ms_per_token"] = m = med("llama_cpp_ms_per_token")
         print(f"| llama.cpp plain (same GGUF, {torch.get_num_threads()} threads) | {m:.1f} | 1 | "
               f"{summary['median_plain_ms_per_token'] / m:.2f}x | | | - | - |")
+        llama_speculation(loaded.name, prompts_used, n, rows, plain_runs, summary)
     for c in configs:
         vs_pld = statistics.median(r["pld_ms_per_token"] / r[f"{c}_ms_per_token"] for r in rows)
         summary[c] = x = {
@@ -323,13 +354,17 @@ def main() -> None:
               f"{x['median_speedup']:.2f}x | {vs_pld:.2f}x | {x['slowest_speedup']:.2f}x | {x['identical']}/{len(rows)} | "
               f"{100 * x['median_draft_share']:.1f}% |")
     if args.llama_cpp:
+        spec_keys = [k for k in summary if k.startswith("llama_server_")]
         print("\n| configuration | ms/token over llama.cpp's (median of prompts) | slowest prompt vs our plain step in "
-              "the same mode |")
-        print("|---|---|---|")
+              "the same mode |" + "".join(f" over {k.replace('_', '-')}'s |" for k in spec_keys))
+        print("|---|---|---|" + "---|" * len(spec_keys))
         for c in configs:
             slowest = min(r[f"{own_plain(c)}_ms_per_token"] / r[f"{c}_ms_per_token"] for r in rows)
             summary[c]["slowest_vs_own_plain"] = slowest
-            print(f"| {labels[c]} | {summary[c]['vs_llama_cpp']:.2f}x | {slowest:.2f}x |")
+            over = [statistics.median(r[f"{c}_ms_per_token"] / r[f"{k}_ms_per_token"] for r in rows)
+                    for k in spec_keys]
+            print(f"| {labels[c]} | {summary[c]['vs_llama_cpp']:.2f}x | {slowest:.2f}x |"
+                  + "".join(f" {x:.2f}x |" for x in over))
     print_learned(decoders, found, credited, configs)
     if len(corpora) > 1:
         print("\n| corpus | prompts | REST median speedup | REST tokens/step | PLD median speedup |")

@@ -29,6 +29,15 @@ class PeerRun:
     first_ms: float  # prefill and the first new token
     ms_per_token: float  # each later token
     tokens: list[int]
+    drafted: int = 0  # llama-server's speculation: draft tokens proposed
+    accepted: int = 0  # and accepted
+
+    @property
+    def tokens_per_step(self) -> float:
+        """New tokens after the first per decoding pass (1 without speculation)."""
+        after_first = max(0, len(self.tokens) - 1)
+        passes = after_first - self.accepted
+        return after_first / passes if passes > 0 else 1.0
 
 
 def _llama(gguf_path: str | Path, n_ctx: int, threads: int):
@@ -57,16 +66,17 @@ def _greedy(llm, prompt: Sequence[int], n_new: int) -> PeerRun:
 
 
 def _server_runs(binary: Path, gguf_path: str | Path, prompts: Sequence[Sequence[int]], n_new: int,
-                 threads: int) -> list[PeerRun]:
+                 threads: int, extra: tuple[str, ...] = ()) -> list[PeerRun]:
     """The same greedy decoding through llama-server's `/completion` (token ids in, its own timings out: prompt_ms
-    is the prefill, predicted_per_token_ms each new token), no prompt cache between prompts."""
+    is the prefill, predicted_per_token_ms each new token after the first), no prompt cache between prompts;
+    `extra`: more server flags (llama_vim.SPEC_FLAGS' speculation)."""
     import asyncio
     import tempfile
 
     from llama_vim import LlamaServer
 
     log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
-    server = asyncio.run(LlamaServer.start(binary, Path(gguf_path), threads, log))
+    server = asyncio.run(LlamaServer.start(binary, Path(gguf_path), threads, log, extra=extra))
     runs = []
     try:
         for i, prompt in enumerate([list(prompts[0][:16])] + [list(p) for p in prompts]):
@@ -78,7 +88,8 @@ def _server_runs(binary: Path, gguf_path: str | Path, prompts: Sequence[Sequence
             t = reply["timings"]
             if i:  # the first is the warm-up: it pages the weights in
                 runs.append(PeerRun(len(prompt), t["prompt_ms"] + t["predicted_per_token_ms"],
-                                    t["predicted_per_token_ms"], list(reply.get("tokens", []))))
+                                    t["predicted_per_token_ms"], list(reply.get("tokens", [])),
+                                    int(t.get("draft_n", 0) or 0), int(t.get("draft_n_accepted", 0) or 0)))
     finally:
         server.stop()
         log.unlink(missing_ok=True)
@@ -105,6 +116,18 @@ def llama_cpp_runs(
     llm = _llama(gguf_path, n_ctx=max(len(p) for p in ids) + n_new + 16, threads=threads)
     _greedy(llm, ids[0][:16], 4)  # warm-up: first calls allocate and page the weights in
     return [_greedy(llm, p, n_new) for p in ids]
+
+
+def llama_server_runs(gguf_path: str | Path, prompts: Sequence[Sequence[int]], n_new: int, threads: int,
+                      spec: str | None = None) -> list[PeerRun] | None:
+    """Greedy decoding of token-id prompts by llama-server ($LLAMA_SERVER or what build_llama_server.sh built),
+    with llama_vim.SPEC_FLAGS[spec]'s speculation when `spec` is given; None where no llama-server is built."""
+    from llama_vim import SPEC_FLAGS, find_binary
+
+    binary = find_binary()
+    if binary is None:
+        return None
+    return _server_runs(binary, gguf_path, prompts, n_new, threads, SPEC_FLAGS[spec] if spec else ())
 
 
 def llama_cpp_plain(

@@ -51,7 +51,17 @@ CACHE_SCAN_CHARS = 128
 # llama.vim's advice for a small model on a CPU (the --fim-qwen-*-default presets): a 1024-token batch, the
 # model's whole context, prompt chunks reused from the cache at 256 tokens or more
 SERVER_FLAGS = ("-ub", "1024", "-b", "1024", "--ctx-size", "0", "--cache-reuse", "256")
+# llama-server's model-free speculation, the strongest setting a llama.vim user can turn on (docs/speculative.md of
+# the llama.cpp sources): ngram-mod with the documented draft settings (those of its `--spec-default`), and
+# ngram-cache, which takes no draft settings (it drafts at most 8 tokens, a constant of common/speculative.cpp)
+SPEC_FLAGS = {
+    "ngram-mod": ("--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-min", "48",
+                  "--spec-ngram-mod-n-max", "64"),
+    "ngram-cache": ("--spec-type", "ngram-cache"),
+}
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build_llama_server.sh"
+# the fields of a reply's `timings` a replay keeps per request
+TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n", "draft_n_accepted")
 
 
 def find_binary(explicit: str | None = None) -> Path | None:
@@ -84,9 +94,11 @@ class LlamaServer:
         return f"http://127.0.0.1:{self.port}"
 
     @classmethod
-    async def start(cls, binary: Path, gguf: Path, threads: int, log: Path, timeout_s: float = 300) -> "LlamaServer":
+    async def start(cls, binary: Path, gguf: Path, threads: int, log: Path, timeout_s: float = 300,
+                    extra: tuple[str, ...] = ()) -> "LlamaServer":
+        """`extra`: more flags after llama.vim's (SPEC_FLAGS' speculation)."""
         port = _free_port()
-        flags = ["-m", str(gguf), "-t", str(threads), "-tb", str(threads), *SERVER_FLAGS,
+        flags = ["-m", str(gguf), "-t", str(threads), "-tb", str(threads), *SERVER_FLAGS, *extra,
                  "--host", "127.0.0.1", "--port", str(port)]
         with open(log, "wb") as out:
             process = subprocess.Popen([str(binary), *flags], stdout=out, stderr=subprocess.STDOUT,
@@ -539,7 +551,13 @@ class LlamaVimSession:
 
     async def inline(self, uri: str, at, timeout_s: float = 600) -> tuple[float, str, str, dict, dict]:
         """(ms from the cursor's arrival to the suggestion shown, its text, how it came: model | cache | empty |
-        error, the counters before and after: tokens generated for this request, one per step)."""
+        error, the counters before and after).
+
+        Counted as llama-server's own timings count them: its first token comes from the prompt's pass (timed in
+        prompt_ms), so generated_tokens are the tokens after it, decode_ms their time (predicted_ms) and
+        decode_steps the passes that made them (one per token less the draft tokens accepted): decode_ms /
+        generated_tokens is its predicted_per_token_ms, over many requests. The reply's own timings ride along in
+        `after` (prompt_n, prompt_ms, predicted_n, predicted_ms, draft_n, draft_n_accepted)."""
         self.vim.set_text(self.texts[uri])
         lines = self.vim.lines
         pos_x = _index(lines[at.line], at.character)
@@ -549,16 +567,21 @@ class LlamaVimSession:
         ms = (time.perf_counter() - t0) * 1e3
         if shown.how == "error":
             self.messages.append(shown.timings.get("error", "error"))
-        n = int(shown.timings.get("predicted_n", 0) or 0)
-        self.generated["generated_tokens"] += n
-        self.generated["decode_steps"] += n
-        self.generated["decode_ms"] += float(shown.timings.get("predicted_ms", 0.0) or 0.0)
+        self.count(shown.timings)
         how = {"request": "model"}.get(shown.how, shown.how)
         if not shown.text and how != "error":
             how = "empty"
-        after = {**self.generated, "prompt_n": shown.timings.get("prompt_n"),
-                 "prompt_ms": shown.timings.get("prompt_ms")}
+        after = {**self.generated, **{k: shown.timings.get(k) for k in TIMINGS}}
         return ms, shown.text, how, before, after
+
+    def count(self, timings: dict) -> None:
+        """Add one reply's timings to the running totals (see `inline`)."""
+        n = int(timings.get("predicted_n", 0) or 0)
+        after_first = max(0, n - 1)
+        accepted = min(after_first, int(timings.get("draft_n_accepted", 0) or 0))
+        self.generated["generated_tokens"] += after_first
+        self.generated["decode_steps"] += after_first - accepted
+        self.generated["decode_ms"] += float(timings.get("predicted_ms", 0.0) or 0.0)
 
     async def stats(self) -> dict:
         return {**self.generated, "requests_sent": self.vim.requests, "errors": len(self.vim.errors),

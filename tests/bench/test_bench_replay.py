@@ -252,3 +252,12 @@ def test_a_turn_ends_once_the_servers_process_is_idle():
     finally:
         bursts.kill()
         bursts.wait()
+
+
+def test_prompt_tokens_per_answer_average_the_model_answers_from_either_servers_counters():
+    from benchmarks.bench_replay import _per_answer
+
+    ours = [{"answer": "model", "prefill_tokens": 30}, {"answer": "prefetch", "prefill_tokens": 10},
+            {"answer": "cache", "prefill_tokens": 0}]
+    theirs = [{"answer": "model", "prompt_n": 900}, {"answer": "model", "prompt_n": 100}, {"answer": "empty"}]
+    assert _per_answer(ours) == 20 and _per_answer(theirs) == 500 and _per_answer([{"answer": "cache"}]) is None

@@ -162,8 +162,28 @@ def test_the_session_applies_the_persons_edits_and_counts_the_tokens_of_measured
 
     (ms, text, how, before, after), texts, stats = asyncio.run(scenario())
     assert text == "return a + b" and how == "model" and ms > 0
-    assert after["generated_tokens"] - before["generated_tokens"] == 3 and after["decode_ms"] == 30.0
+    # 3 tokens: the first came with the prompt's pass (prompt_ms), 2 after it in predicted_ms, one pass each
+    assert after["generated_tokens"] - before["generated_tokens"] == 2 and after["decode_ms"] == 30.0
+    assert after["decode_steps"] == 2 and after["predicted_n"] == 3
     assert stats["requests_sent"] == 1 and texts == {}
+
+
+def test_accepted_draft_tokens_are_tokens_without_a_pass_of_their_own(stub_server):
+    session = llama_vim.LlamaVimSession(stub_server, seed=0, speculative=False)
+    session.count({"predicted_n": 11, "predicted_ms": 50.0, "draft_n": 12, "draft_n_accepted": 6})
+    session.count({"predicted_n": 1, "predicted_ms": 0.001})  # stopped at once: nothing after the first token
+    assert session.generated == {"generated_tokens": 10, "decode_steps": 4, "decode_ms": 50.001}
+
+
+def test_speculation_is_llama_vims_server_with_the_documented_draft_settings():
+    from benchmarks.bench_replay import CONFIGS, LLAMAS
+
+    assert LLAMAS == ("llama-server", "llama-server-ngram-mod", "llama-server-ngram-cache")
+    mod = CONFIGS["llama-server-ngram-mod"]
+    assert mod[:len(llama_vim.SERVER_FLAGS)] == llama_vim.SERVER_FLAGS
+    assert " ".join(mod[len(llama_vim.SERVER_FLAGS):]) == (
+        "--spec-type ngram-mod --spec-ngram-mod-n-match 24 --spec-ngram-mod-n-min 48 --spec-ngram-mod-n-max 64")
+    assert CONFIGS["llama-server-ngram-cache"][-2:] == ("--spec-type", "ngram-cache")
 
 
 def test_the_table_puts_llama_server_beside_rest_and_says_when_it_cannot_answer():
