@@ -131,6 +131,11 @@ class _Layer(torch.nn.Module):
         self.score_scale = score_scale  # 1.0 where the query weights took the attention scale
         # attention on row_attention's kernel: each row over exactly its own keys, the same bits in any step
         self.row_exact = row_exact
+        self.no_mask = torch.empty(0)  # step_ops' form of no mask
+        if row_exact:
+            from rest_lsp.kernels import step_ops
+
+            step_ops.ready()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, rows: Optional[torch.Tensor], past: int, keys: int,
@@ -152,7 +157,9 @@ class _Layer(torch.nn.Module):
             k_cache.index_copy_(1, rows, k)
             v_cache.index_copy_(1, rows, heads[Hq + Hkv :])
         if self.row_exact:  # the quantized modes: a row's attention the same bits alone or in a tree (REST = plain)
-            out = torch.ops.rest_lsp.row_attn(q, k_cache, v_cache, keys, mask, mask_from, self.score_scale)
+            out = torch.ops.rest_lsp_step.row_attn(q.contiguous(), k_cache, v_cache, keys,
+                                                   self.no_mask if mask is None else mask, mask_from,
+                                                   self.score_scale)
         else:
             out = self._attention(q, k_cache, v_cache, keys, mask, mask_from)
         x += self.o(out)  # x is the pass's own tensor (the embedding lookup copied it)
