@@ -100,11 +100,16 @@ class PanelMatmul(Matmul):
     bias: Optional[torch.Tensor]
 
     def __init__(self, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None):
+        from rest_lsp.kernels import step_ops
+
         super().__init__()
         self.panels, self.out_features, self.bias = panels, out_features, bias  # [N/16, K, 16], N, [N]
+        self.step_bias = torch.empty(0) if bias is None else bias  # step_ops' form: no elements for none
+        step_ops.ready()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.rest_lsp.panel_mm(x, self.panels, self.out_features, self.bias)
+        # step_ops' op: the kernel called without leaving TorchScript where it is native
+        return torch.ops.rest_lsp_step.panel_mm(x.contiguous(), self.panels, self.out_features, self.step_bias)
 
 
 class QuantMatmul(Matmul):
