@@ -120,10 +120,10 @@ class QuantMatmul(Matmul):
         from rest_lsp.kernels import step_ops
 
         super().__init__()
-        self.panels, self.out_features, self.bias = panels, out_features, bias  # uint8 [N/16, bytes], N, [N]
-        self.bits = bits  # the width of the panels' blocks: 8, 5 or 4
         self.step_bias = torch.empty(0) if bias is None else bias  # step_ops' form: no elements for none
         step_ops.ready()
+        self.panels, self.out_features, self.bias = panels, out_features, bias  # uint8 [N/16, bytes], N, [N]
+        self.bits = bits  # the width of the panels' blocks: 8, 5 or 4
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # step_ops' op: the kernel called without leaving TorchScript where it is native

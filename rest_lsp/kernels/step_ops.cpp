@@ -121,21 +121,17 @@ void outcome(const char *name, int rc, const char *unsupported, AtenTensorHandle
     throw std::runtime_error(std::string(name) + ": " + why + ".");
 }
 
-idx panel_bytes(idx k, int bits) {  // quant_matmul.py's panel_bytes
-    idx nb = (k + 31) / 32, per = bits == 8 ? 512 : bits == 5 ? 320 : 256;
-    return nb * per + (nb * 16 * 2 + 63) / 64 * 64;
-}
-
 /* quant_mm(Tensor x, Tensor panels, int n, Tensor bias, int bits) -> Tensor: quant_matmul.quant_mm, a bias of no
-   elements standing for none */
+   elements standing for none. The panels' format (`bits`, a code of quant_matmul.py's) and their layout are the
+   caller's (QuantMatmul's, made by pack_blocks): the kernel refuses a code it does not know and checks every
+   buffer against its extent, so panels of another layout cannot make it read or write outside them. */
 void quant_mm_boxed(StableIValue *stack, uint64_t, uint64_t) {
     Arg x(stack[0]), panels(stack[1]), bias(stack[3]);
     int64_t n = static_cast<int64_t>(stack[2]), bits = static_cast<int64_t>(stack[4]);
     const int32_t f32 = aoti_torch_dtype_float32();
     bool has_bias = bias.dim >= 0 && bias.numel() > 0;
     if (!x.cpu_of(f32, 2) || !x.contiguous() || !panels.cpu_of(aoti_torch_dtype_uint8(), 2) || !panels.contiguous()
-        || (bits != 8 && bits != 5 && bits != 4) || n < 0 || panels.sizes[1] != panel_bytes(x.sizes[1], (int)bits)
-        || panels.sizes[0] * 16 < n || bias.dim < 0
+        || n < 0 || bits < 0 || bits > INT32_MAX || panels.sizes[0] * 16 < n || bias.dim < 0
         || (has_bias && (!bias.cpu_of(f32, 1) || bias.numel() < n)))
         throw std::runtime_error("quant_mm: the input does not fit the panels (or is not contiguous fp32 rows)");
     if (!quant_mm_entry) throw std::runtime_error("quant_mm: no quantized kernel is bound");
@@ -147,7 +143,7 @@ void quant_mm_boxed(StableIValue *stack, uint64_t, uint64_t) {
                                 has_bias ? static_cast<const float *>(bias.data) : nullptr,
                                 has_bias ? bias.extent(4) : 0, static_cast<float *>(data_of(y)), m * n,
                                 at::get_num_threads());
-        outcome("quant_mm", rc, "no such panels", y);
+        outcome("quant_mm", rc, "no panels of this format", y);
     }
     stack[0] = reinterpret_cast<StableIValue>(y);
 }
