@@ -31,7 +31,7 @@ class Stepper:
 
     def __init__(self, lean: LeanLlama, context: int):
         self.lean = lean
-        vocab = lean.embed.shape[0]
+        vocab = getattr(lean.embed, "num_embeddings", None) or lean.embed.shape[0]  # a table, or rows read on demand
         self.ids = torch.randint(0, vocab, (context + 1,), generator=torch.Generator().manual_seed(0))
         self.positions = torch.arange(context + 1)
         self.context = context
