@@ -110,6 +110,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin
 
 
+def _native_step_ops() -> bool:
+    """Whether the step's kernel ops (rest_lsp/kernels/step_ops.py) are native here, registered on first ask."""
+    from rest_lsp.kernels import step_ops
+
+    return step_ops.ready()
+
+
 class _Layer(torch.nn.Module):
     """One decoder layer over one layer of a KVCache (a module so that the stack can run as TorchScript)."""
 
@@ -131,6 +138,13 @@ class _Layer(torch.nn.Module):
         self.score_scale = score_scale  # 1.0 where the query weights took the attention scale
         # attention on row_attention's kernel: each row over exactly its own keys, the same bits in any step
         self.row_exact = row_exact
+        self.no_mask = torch.empty(0)  # step_ops' form of no mask
+        self.no_rows = torch.empty(0, dtype=torch.long)  # and of no cache rows (rows past on)
+        # the rotation and cache writes in one native op (step_ops.rope_cache, the same bits) on a CPU in fp32
+        weight = norm_in.weight
+        self.fused_rope = weight.dtype == torch.float32 and weight.device.type == "cpu" and _native_step_ops()
+        if row_exact:
+            _native_step_ops()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, rows: Optional[torch.Tensor], past: int, keys: int,
@@ -142,17 +156,23 @@ class _Layer(torch.nn.Module):
         Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
         h = rms_norm(x, self.in_weight, self.in_doubled, self.eps)
         qkv = self.qkv(h)  # [n, (Hq + 2 Hkv) D]
-        heads = qkv.view(n, Hq + 2 * Hkv, D).transpose(0, 1)  # [Hq + 2 Hkv, n, D]
-        qk = rotate(heads[: Hq + Hkv], cos, sin)  # q and k heads in one rotation (fewer small ops)
-        q, k = qk[:Hq], qk[Hq:]  # [Hq, n, D], [Hkv, n, D]
-        if rows is None:
-            k_cache[:, past : past + n] = k
-            v_cache[:, past : past + n] = heads[Hq + Hkv :]
+        if self.fused_rope:  # what the torch ops below do, in one call
+            q = torch.ops.rest_lsp_step.rope_cache(qkv.contiguous(), cos, sin, k_cache, v_cache, past,
+                                                   self.no_rows if rows is None else rows, Hq)
         else:
-            k_cache.index_copy_(1, rows, k)
-            v_cache.index_copy_(1, rows, heads[Hq + Hkv :])
+            heads = qkv.view(n, Hq + 2 * Hkv, D).transpose(0, 1)  # [Hq + 2 Hkv, n, D]
+            qk = rotate(heads[: Hq + Hkv], cos, sin)  # q and k heads in one rotation (fewer small ops)
+            q, k = qk[:Hq], qk[Hq:]  # [Hq, n, D], [Hkv, n, D]
+            if rows is None:
+                k_cache[:, past : past + n] = k
+                v_cache[:, past : past + n] = heads[Hq + Hkv :]
+            else:
+                k_cache.index_copy_(1, rows, k)
+                v_cache.index_copy_(1, rows, heads[Hq + Hkv :])
         if self.row_exact:  # the quantized modes: a row's attention the same bits alone or in a tree (REST = plain)
-            out = torch.ops.rest_lsp.row_attn(q, k_cache, v_cache, keys, mask, mask_from, self.score_scale)
+            out = torch.ops.rest_lsp_step.row_attn(q.contiguous(), k_cache, v_cache, keys,
+                                                   self.no_mask if mask is None else mask, mask_from,
+                                                   self.score_scale)
         else:
             out = self._attention(q, k_cache, v_cache, keys, mask, mask_from)
         x += self.o(out)  # x is the pass's own tensor (the embedding lookup copied it)

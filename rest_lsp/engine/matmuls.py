@@ -101,11 +101,16 @@ class PanelMatmul(Matmul):
     bias: Optional[torch.Tensor]
 
     def __init__(self, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None):
+        from rest_lsp.kernels import step_ops
+
         super().__init__()
         self.panels, self.out_features, self.bias = panels, out_features, bias  # [N/16, K, 16], N, [N]
+        self.step_bias = torch.empty(0) if bias is None else bias  # step_ops' form: no elements for none
+        step_ops.ready()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.rest_lsp.panel_mm(x, self.panels, self.out_features, self.bias)
+        # step_ops' op: the kernel called without leaving TorchScript where it is native
+        return torch.ops.rest_lsp_step.panel_mm(x.contiguous(), self.panels, self.out_features, self.step_bias)
 
 
 class QuantMatmul(Matmul):
@@ -113,12 +118,18 @@ class QuantMatmul(Matmul):
     bias: Optional[torch.Tensor]
 
     def __init__(self, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None, bits: int = 8):
+        from rest_lsp.kernels import step_ops
+
         super().__init__()
+        self.step_bias = torch.empty(0) if bias is None else bias  # step_ops' form: no elements for none
+        step_ops.ready()
         self.panels, self.out_features, self.bias = panels, out_features, bias  # uint8 [N/16, bytes], N, [N]
         self.bits = bits  # the panels' format code (quant_matmul.FORMATS): 8, 5, 4 the one-scale widths; 41...62
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.rest_lsp.quant_mm(x, self.panels, self.out_features, self.bias, self.bits)
+        # step_ops' op: the kernel called without leaving TorchScript where it is native
+        return torch.ops.rest_lsp_step.quant_mm(x.contiguous(), self.panels, self.out_features, self.step_bias,
+                                                self.bits)
 
 
 class GgufMatmul(Matmul):

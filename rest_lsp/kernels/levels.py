@@ -17,6 +17,7 @@ refused with one warning and the best one runs instead: no code path ever execut
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import platform
@@ -53,7 +54,13 @@ def is_x86() -> bool:
 
 
 def cpu_flags() -> frozenset[str]:
-    """The features this CPU reports (the `flags` line of /proc/cpuinfo); empty where there is none to read."""
+    """The features this CPU reports (the `flags` line of /proc/cpuinfo); empty where there is none to read. Read
+    once a process: every kernel call asks which level runs (`chosen`), and the CPU does not change."""
+    return _cpuinfo_flags()
+
+
+@functools.cache
+def _cpuinfo_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
             line = next((line for line in f if line.startswith("flags")), "")

@@ -121,14 +121,15 @@ def _load_verified(target: Path) -> ctypes.CDLL | None:
             os.close(fd)
 
 
-def _compile(cc: str, flags: tuple[str, ...], target: Path, source: str, libs: tuple[str, ...] = ()) -> str | None:
+def _compile(cc: str, flags: tuple[str, ...], target: Path, source: str, libs: tuple[str, ...] = (),
+             suffix: str = ".c") -> str | None:
     """Builds `target` from `source` with its sha256 record beside it (each written whole, then renamed into
     place: another process building the same library meanwhile is harmless); the compiler's complaint when it
     fails."""
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         # relative names: the library's bytes do not depend on the temporary folder, so concurrent builds agree
-        Path(tmp, "kernel.c").write_text(source)
-        done = _run([cc, *flags, "kernel.c", "-o", "kernel.so", *libs], cwd=Path(tmp))
+        Path(tmp, "kernel" + suffix).write_text(source)
+        done = _run([cc, *flags, "kernel" + suffix, "-o", "kernel.so", *libs], cwd=Path(tmp))
         if done.returncode != 0:
             return done.stderr.strip()
         out, record = Path(tmp, "kernel.so"), Path(tmp, "kernel.sha256")
@@ -141,7 +142,7 @@ def _compile(cc: str, flags: tuple[str, ...], target: Path, source: str, libs: t
 
 
 def build_and_load(cc: str, folder: Path, stem: str, source: str, variants: tuple[tuple[str, ...], ...],
-                   libs: tuple[str, ...] = ()) -> ctypes.CDLL:
+                   libs: tuple[str, ...] = (), suffix: str = ".c") -> ctypes.CDLL:
     """The one way a kernel of ours is built and loaded (this one and quant_matmul's): the library of `source`,
     compiled with the first of `variants` (each a full set of flags) that builds, kept in `folder` as
     `{stem}-{key}.so` with its sha256 beside it, loaded only from a folder of this user's alone and only when its
@@ -154,7 +155,7 @@ def build_and_load(cc: str, folder: Path, stem: str, source: str, variants: tupl
         target = folder / f"{stem}-{_key(flags, version, source, libs)}.so"
         lib = _load_verified(target)
         if lib is None:
-            errors = _compile(cc, flags, target, source, libs) or ""
+            errors = _compile(cc, flags, target, source, libs, suffix) or ""
             lib = None if errors else _load_verified(target)
         if lib is not None:
             return lib
@@ -164,13 +165,15 @@ def build_and_load(cc: str, folder: Path, stem: str, source: str, variants: tupl
 
 class Kernel:
     """One C kernel: its source, flags and libraries, how to bind and check a library; one library per level,
-    built on first use (`library`). `purpose` ends the sentence logged when it cannot be had."""
+    built on first use (`library`). `purpose` ends the sentence logged when it cannot be had. `suffix`: the
+    source's, which tells the compiler its language (".c", or ".cpp" for C++)."""
 
     def __init__(self, stem: str, flags: tuple[str, ...], libs: tuple[str, ...],
                  bind: Callable[[ctypes.CDLL], ctypes.CDLL], check: Callable[[ctypes.CDLL], ctypes.CDLL],
-                 purpose: str):
+                 purpose: str, suffix: str = ".c"):
         self.stem, self.flags, self.libs, self._bind, self._check, self.purpose = stem, flags, libs, bind, check, purpose
-        self.source = (Path(__file__).parent / f"{stem}.c").read_text()
+        self.suffix = suffix
+        self.source = (Path(__file__).parent / f"{stem}{suffix}").read_text()
         self._lock = threading.Lock()
         self._libraries: dict[str, ctypes.CDLL | None] = {}  # level -> the library once tried (None: it failed)
 
@@ -197,7 +200,8 @@ class Kernel:
             log.info("No C compiler here (CC, cc, gcc): %s.", self.purpose)
             return None
         try:
-            lib = build_and_load(cc, folder, f"{self.stem}-{level}", self.source, self.variants(level), self.libs)
+            lib = build_and_load(cc, folder, f"{self.stem}-{level}", self.source, self.variants(level), self.libs,
+                                 self.suffix)
             return self._check(self._bind(lib))
         except UntrustedCache as err:
             log.warning("The kernel cache folder is not this user's alone (%s): %s.", err, self.purpose)

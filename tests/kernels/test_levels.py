@@ -78,3 +78,29 @@ def test_the_run_mode_names_the_level_its_kernels_run_at(monkeypatch):
     if "avx2" in levels.runnable() and levels.is_x86():
         monkeypatch.setenv(levels.ENV, "avx2")
         assert runmode.run_mode(cpu, torch.float32, "q8").level == "avx2"
+
+
+def test_a_kernel_call_does_not_read_proc_cpuinfo(monkeypatch):
+    """Every call asks the dispatcher which level runs; the CPU's flags are read once a process, not per call (a
+    1-token step makes some 150 calls)."""
+    import builtins
+
+    import torch
+
+    if quant_matmul.library() is None:
+        pytest.skip("no quantized kernel here")
+    x, panels = torch.randn(1, 64), quant_matmul.pack(torch.randn(16, 64))
+    quant_matmul.quant_mm(x, panels, 16)
+    reads = []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file) == "/proc/cpuinfo":
+            reads.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    for _ in range(3):
+        quant_matmul.quant_mm(x, panels, 16)
+        levels.chosen()
+    assert reads == []
