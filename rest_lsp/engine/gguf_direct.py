@@ -241,7 +241,7 @@ class _Builder:
                 continue
             if mine:
                 self.kept[name] = bits
-            _trim()
+            trim_heap()
             return bits, out
         raise AssertionError("unreachable: Q8_0 always packs")
 
@@ -292,7 +292,7 @@ class _Builder:
         return torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(-1))
 
 
-def _trim() -> None:
+def trim_heap() -> None:
     """Hands the heap's free pages back (glibc's malloc_trim): a tensor's temporaries, freed between tensors that
     stay, would otherwise keep the process's memory at its peak."""
     global _malloc_trim

@@ -393,6 +393,11 @@ def _load_direct(spec: str | None, folder: str, gguf_file: str, header: gguf_hea
     try:
         with _quiet():
             tok = _gguf_tokenizer(folder, gguf_file, keep=True)
+            # the tokenizer's serialized copies (its key, the saved copy) are made and freed before the weights
+            # come in, their heap handed back: they never add to the peak the panels set
+            saved_tokenizer.keep(spec, tok)
+            tokenizer = Tokenizer(tok)
+            gguf_direct.trim_heap()
             model = gguf_direct.load(header, gguf_direct.config_of(header), _panels_file(folder, gguf_file))
     except ModelLoadError:
         raise
@@ -400,8 +405,7 @@ def _load_direct(spec: str | None, folder: str, gguf_file: str, header: gguf_hea
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"Could not load model '{spec or DEFAULT_MODEL}' from the blocks of its .gguf file ({first[:200]}); "
                              "--dtype float32 loads it through transformers instead.") from err
-    saved_tokenizer.keep(spec, tok)
-    return LoadedModel(model=model, tokenizer=Tokenizer(tok), device=mode.device, dtype=mode.dtype,
+    return LoadedModel(model=model, tokenizer=tokenizer, device=mode.device, dtype=mode.dtype,
                        name=spec or DEFAULT_MODEL, notes=list(mode.notes), packing=mode.packing)
 
 
