@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 # What each folder keeps, least recently used removed first (README.md states these): conversions of .gguf files
 # and their kept panels (engine/panel_cache) up to MODELS_BYTES together (the one in use always), so many small models
-# fit and a few large ones; saved tokenizers and file digests by count. Only entries named as rest-lsp names them are ever removed.
+# fit and a few large ones; saved tokenizers and file digests by count. Only entries named as rest-lsp names them are
+# ever removed.
 MODELS_BYTES = 8 << 30
 KEPT = {"tokenizers": 16, "digests": 64}
 ENTRY_NAMES = {"models": re.compile(r".+-[0-9a-f]{12}(?:[0-9a-f]{4})?(?:\.panels)?"),  # 12: before content keys
