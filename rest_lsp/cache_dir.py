@@ -32,11 +32,12 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 # What each folder keeps, least recently used removed first (README.md states these): conversions of .gguf files
-# up to MODELS_BYTES together (the one in use always), so many small models fit and a few large ones; saved tokenizers
-# and file digests by count. Only entries named as rest-lsp names them are ever removed.
+# and their kept panels (engine/panel_cache) up to MODELS_BYTES together (the one in use always), so many small models
+# fit and a few large ones; saved tokenizers and file digests by count. Only entries named as rest-lsp names them are
+# ever removed.
 MODELS_BYTES = 8 << 30
 KEPT = {"tokenizers": 16, "digests": 64}
-ENTRY_NAMES = {"models": re.compile(r".+-[0-9a-f]{12}(?:[0-9a-f]{4})?"),  # 12: before content keys
+ENTRY_NAMES = {"models": re.compile(r".+-[0-9a-f]{12}(?:[0-9a-f]{4})?(?:\.panels)?"),  # 12: before content keys
                "tokenizers": re.compile(r".+-[0-9a-f]{16}\.json"), "digests": re.compile(r"[0-9a-f]{16}\.json")}
 _warned: set[str] = set()
 _digests: dict[tuple, str] = {}  # (resolved path, dev, inode, size, mtime_ns, ctime_ns) -> sha256, this process
@@ -114,8 +115,16 @@ def private_entry(path: Path) -> str | None:
 def read_bytes(path: Path) -> bytes:
     """The bytes of the cache file `path`, opened without following a link; FileNotFoundError when it is missing,
     UntrustedCache when it or its folder may have been written by another user, OSError when unreadable."""
+    with open_private(path) as f:
+        return f.read()
+
+
+def open_private(path: Path):
+    """The cache file `path` opened for reading (binary), without following a link; FileNotFoundError when it is
+    missing, UntrustedCache when it or its folder may have been written by another user, OSError when unreadable."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
+    f = os.fdopen(fd, "rb")
+    try:
         st = os.fstat(f.fileno())
         problem = "not a regular file" if not stat.S_ISREG(st.st_mode) else not_private(st)
         if problem is None:
@@ -124,17 +133,26 @@ def read_bytes(path: Path) -> bytes:
                 problem = f"in a folder {why}"
         if problem is not None:
             raise UntrustedCache(f"it is {problem}")
-        return f.read()
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 def write_bytes(path: Path, data: bytes) -> None:
     """Atomically, into a folder of this user's alone (made mode 700): a reader sees the old file or the whole new
     one. OSError (UntrustedCache) when it cannot be written or the folder is not private."""
+    write_chunks(path, [data])
+
+
+def write_chunks(path: Path, chunks) -> None:
+    """write_bytes of the buffers `chunks` (an iterable of bytes-like objects) one after the other, none joined."""
     private_folder(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for chunk in chunks:
+                f.write(chunk)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -7,7 +7,8 @@ the integer kernel's panels: blocks the kernel keeps (gguf_blocks.decode) as the
 alone (gguf.quants.dequantize, what transformers dequantizes with) and quantized to Q8_0 (quant_matmul.quantize_q8_0),
 llama's q and k rows put back in transformers' order (gguf_blocks.llama_rows). So every matmul gets the panels the
 gguf mode built from transformers' fp32 model, without that model: memory holds the panels, the norms and biases
-(fp32) and one tensor's worth of work at a time.
+(fp32) and one tensor's worth of work at a time. The panels built are kept in the models cache folder
+(panel_cache); a later load of the same file maps them from there and decodes, checks and packs nothing.
 
 The token embedding stays in the file: a step reads its rows (pread, not a mapping, so they never count as this
 process's memory) and dequantizes just those, the values transformers' fp32 embedding holds.
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rest_lsp.engine import gguf_blocks
+from rest_lsp.engine import gguf_blocks, panel_cache
 from rest_lsp.engine.gguf_header import Header, Tensor
 
 log = logging.getLogger(__name__)
@@ -182,13 +183,17 @@ class _Builder:
         self.permuted = arch == "llama" and kv is not None
         self.kept: dict[str, int] = {}  # tensor name -> the bits of its panels, for the ones on their own blocks
 
-    def matmul(self, names: list[str], biases: list[str] | None = None):
+    def matmul(self, names: list[str], biases: list[str] | None = None, stored: list | None = None):
         """One GgufMatmul over the tensors `names` (their rows one after the other: a fused q/k/v or gate/up),
-        neighbours of one width in one part, as GgufMatmul.of_blocks makes it."""
+        neighbours of one width in one part, as GgufMatmul.of_blocks makes it; from the parts `stored` (format code,
+        first row, rows, panels: panel_cache) when an earlier load kept them."""
         from rest_lsp.engine.matmuls import GgufMatmul, QuantMatmul
         from rest_lsp.kernels.quant_matmul import PANEL
 
         bias = torch.cat([self.vector(b) for b in biases]) if biases and all(b in self.t for b in biases) else None
+        if stored is not None:
+            return GgufMatmul([QuantMatmul(panels, rows, None if bias is None else bias[first : first + rows]
+                                           .contiguous(), bits) for bits, first, rows, panels in stored])
         runs: list[list] = []  # [bits, [panels], first row, rows]
         start = 0
         for name in names:
@@ -236,7 +241,7 @@ class _Builder:
                 continue
             if mine:
                 self.kept[name] = bits
-            _trim()
+            trim_heap()
             return bits, out
         raise AssertionError("unreachable: Q8_0 always packs")
 
@@ -287,7 +292,7 @@ class _Builder:
         return torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(-1))
 
 
-def _trim() -> None:
+def trim_heap() -> None:
     """Hands the heap's free pages back (glibc's malloc_trim): a tensor's temporaries, freed between tensors that
     stay, would otherwise keep the process's memory at its peak."""
     global _malloc_trim
@@ -305,14 +310,27 @@ def _trim() -> None:
 _malloc_trim = None
 
 
-def load(header: Header, config):
-    """The GgufModel of a checked .gguf whose `refusal` is None, built tensor by tensor."""
+def load(header: Header, config, kept_file: tuple[Path, str] | None = None):
+    """The GgufModel of a checked .gguf whose `refusal` is None, built tensor by tensor; `kept_file` (path, key):
+    where its packed panels are kept (panel_cache), read from there when they are and written there when not."""
     from rest_lsp.engine.lean_llama import Norm, _Layer
     from rest_lsp.kernels import row_attention
 
     b = _Builder(header)
-    head_name = "output.weight" if "output.weight" in header.tensors else "token_embd.weight"
-    head = b.matmul([head_name])  # the largest tensor first, while nothing else is built
+    specs = _matmuls(header, config.num_hidden_layers)
+    stored = kept = None
+    if kept_file is not None:
+        shapes = {name: (sum(b.t[n].shape[1] for n in names), b.t[names[0]].shape[0])
+                  for name, (names, _) in specs.items()}
+        found = panel_cache.read(kept_file[0], kept_file[1], shapes)
+        if found is not None:
+            stored, kept = found
+    built = {name: b.matmul(names, biases, None if stored is None else stored[name])
+             for name, (names, biases) in specs.items()}  # the head first, the largest, while nothing else is built
+    if stored is None:
+        kept = {bits: sum(1 for v in b.kept.values() if v == bits) for bits in sorted(set(b.kept.values()))}
+        if kept_file is not None:
+            panel_cache.write(kept_file[0], kept_file[1], {name: _parts(m) for name, m in built.items()}, kept)
     heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     layers = []
@@ -320,20 +338,41 @@ def load(header: Header, config):
         p = f"blk.{i}."
         layers.append(_Layer(
             norm_in=Norm.of(b.vector(p + "attn_norm.weight")),
-            qkv=b.matmul([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
-                         [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]),
-            o=b.matmul([p + "attn_output.weight"]),
+            qkv=built[p + "qkv"],
+            o=built[p + "o"],
             norm_post=Norm.of(b.vector(p + "ffn_norm.weight")),
-            gate_up=b.matmul([p + "ffn_gate.weight", p + "ffn_up.weight"]),
-            down=b.matmul([p + "ffn_down.weight"]),
+            gate_up=built[p + "gate_up"],
+            down=built[p + "down"],
             source=0,
             shape=(heads, kv, dim),
             eps=config.rms_norm_eps,
             score_scale=dim**-0.5,  # the gguf packing never scales the query weights
             row_exact=row_attention.available(),
         ))
-    counts = {bits: sum(1 for v in b.kept.values() if v == bits) for bits in sorted(set(b.kept.values()))}
-    log.info("gguf mode, loaded from the file's blocks: %d of %s's weight tensors run on their own blocks (by bits: "
-             "%s); the others are requantized to Q8_0.", len(b.kept), Path(header.path).name, counts)
+    log.info("gguf mode, loaded from the file's blocks%s: %d of %s's weight tensors run on their own blocks (by "
+             "bits: %s); the others are requantized to Q8_0.", "" if stored is None else " (panels kept from an "
+             "earlier load)", sum(kept.values()), Path(header.path).name, kept)
     embed = RowEmbedding(header.tensors["token_embd.weight"])
-    return GgufModel(config, embed, b.vector("output_norm.weight"), layers, head, header.path)
+    return GgufModel(config, embed, b.vector("output_norm.weight"), layers, built["head"], header.path)
+
+
+def _matmuls(header: Header, layers: int) -> dict[str, tuple[list[str], list[str] | None]]:
+    """{matmul name: (its tensors, its biases)} in the order they are built: the head, then each layer's."""
+    out = {"head": (["output.weight" if "output.weight" in header.tensors else "token_embd.weight"], None)}
+    for i in range(layers):
+        p = f"blk.{i}."
+        out[p + "qkv"] = ([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                          [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"])
+        out[p + "o"] = ([p + "attn_output.weight"], None)
+        out[p + "gate_up"] = ([p + "ffn_gate.weight", p + "ffn_up.weight"], None)
+        out[p + "down"] = ([p + "ffn_down.weight"], None)
+    return out
+
+
+def _parts(matmul) -> list[tuple[int, int, int, torch.Tensor]]:
+    """A GgufMatmul's parts as panel_cache keeps them: (format code, first row, rows, panels)."""
+    out, first = [], 0
+    for part in matmul.parts:
+        out.append((part.bits, first, part.out_features, part.panels))
+        first += part.out_features
+    return out

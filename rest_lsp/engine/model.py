@@ -384,7 +384,8 @@ def _direct_mode(header: gguf_header.Header, mode, device: str | None, unasked: 
 
 
 def _load_direct(spec: str | None, folder: str, gguf_file: str, header: gguf_header.Header, mode) -> LoadedModel:
-    """The .gguf loaded from its blocks into the gguf mode; its tokenizer from the file (kept for the next load)."""
+    """The .gguf loaded from its blocks into the gguf mode, its panels kept for the next load (panel_cache); its
+    tokenizer from the file (kept for the next load)."""
     from rest_lsp.engine import gguf_direct
 
     for note in mode.notes:
@@ -392,16 +393,37 @@ def _load_direct(spec: str | None, folder: str, gguf_file: str, header: gguf_hea
     try:
         with _quiet():
             tok = _gguf_tokenizer(folder, gguf_file, keep=True)
-            model = gguf_direct.load(header, gguf_direct.config_of(header))
+            # the tokenizer's serialized copies (its key, the saved copy) are made and freed before the weights
+            # come in, their heap handed back: they never add to the peak the panels set
+            saved_tokenizer.keep(spec, tok)
+            tokenizer = Tokenizer(tok)
+            gguf_direct.trim_heap()
+            model = gguf_direct.load(header, gguf_direct.config_of(header), _panels_file(folder, gguf_file))
     except ModelLoadError:
         raise
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"Could not load model '{spec or DEFAULT_MODEL}' from the blocks of its .gguf file ({first[:200]}); "
                              "--dtype float32 loads it through transformers instead.") from err
-    saved_tokenizer.keep(spec, tok)
-    return LoadedModel(model=model, tokenizer=Tokenizer(tok), device=mode.device, dtype=mode.dtype,
+    return LoadedModel(model=model, tokenizer=tokenizer, device=mode.device, dtype=mode.dtype,
                        name=spec or DEFAULT_MODEL, notes=list(mode.notes), packing=mode.packing)
+
+
+def _panels_file(folder: str, gguf_file: str) -> tuple[Path, str] | None:
+    """(where this .gguf's packed panels are kept, the key they are kept under: panel_cache); None when the models
+    cache folder is not this user's alone or the file cannot be hashed."""
+    from rest_lsp.engine import panel_cache
+    from rest_lsp.engine.model_source import panels_cache_name
+
+    models = cache_dir.folder("models")
+    if models is None:
+        return None
+    try:
+        name, key = panels_cache_name(folder, gguf_file, panel_cache.PACK_FORMAT)
+    except OSError as err:
+        log.warning("The packed panels of %s are not kept (%s).", gguf_file, err.strerror or err)
+        return None
+    return models / name, key
 
 
 def _lean_refusal(model, mode) -> str | None:

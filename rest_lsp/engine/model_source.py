@@ -1,4 +1,4 @@
-"""Where a model comes from: the default .gguf, what --model names, and the cache folder of conversions.
+"""Where a model comes from: the default .gguf, what --model names, and the cache entries of conversions and panels.
 
 Torch-free and transformers-free, so that commands that need only tokens can find a model's files quickly.
 """
@@ -97,3 +97,11 @@ def gguf_cache_dir(folder: str, gguf_file: str) -> Path:
     digest = content_digest(Path(folder) / gguf_file)
     tag = hashlib.sha256(f"{digest}:transformers={version}".encode()).hexdigest()[:16]
     return cache_root() / "models" / f"{Path(gguf_file).stem[:60]}-{tag}"
+
+
+def panels_cache_name(folder: str, gguf_file: str, pack_format: int) -> tuple[str, str]:
+    """(the name of the file in the models cache folder that keeps this .gguf's packed panels, the key it holds):
+    named by the file's content (cache_dir.content_digest) and the panels' layout version `pack_format`."""
+    digest = content_digest(Path(folder) / gguf_file)
+    key = hashlib.sha256(f"{digest}:panels={pack_format}".encode()).hexdigest()
+    return f"{Path(gguf_file).stem[:60]}-{key[:16]}.panels", key
