@@ -46,6 +46,13 @@ static long long tail_bytes(long long nb, int f) {
     return LEGACY(f) ? nb * 32 : f == 41 ? nb * 64 : f == 62 ? ns * 32 + nb * 32 : ns * 64 + nb * 32;
 }
 
+/* A two-term or superblock format reads its scales and mins from up to four places of the panel's tail, block by
+   block, beside the quants' stream: the first tile of a panel fetches the whole tail ahead (without it, panels
+   streamed from memory wait on those reads at every few blocks). */
+#define PREFETCH_TAIL(p, nb, F, pf)                                                                           \
+    if ((pf) && !LEGACY(F))                                                                                   \
+        for (long long l = 0; l < tail_bytes(nb, F); l += 64) __builtin_prefetch((p) + (nb) * BYTES(F) + l, 0, 0);
+
 /* 3: AVX-512 VNNI, 2: AVX-VNNI, 1: AVX2, 0: portable C */
 #ifndef QM_PATH
 #  if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
@@ -218,6 +225,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
                           const uint8_t *p, int pf, float *out) {                                             \
     __m512 acc[R];                                                                                            \
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                                 \
+    PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
         if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);                \
@@ -463,6 +471,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     __m256 acc[R][2];                                                                                         \
     uint8_t ub[2 * BQ] __attribute__((aligned(32)));                                                          \
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();                                  \
+    PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
         if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);                \
