@@ -34,6 +34,17 @@ def formatted(bits, n, k, seed):
     return blocks, quant_matmul.pack_blocks(**blocks, bits=bits)
 
 
+def _rows_alone_and_together(x, panels, n, bias, lib, mine, bits, want):
+    """The 33 rows of x on `lib`, one call each and every count 1..33 at once, equal `want` (those rows on `mine`)
+    bit for bit, and every tail of rows equals `mine`'s without bias: a row's bits never depend on its neighbours."""
+    alone = torch.cat([quant_matmul.quant_mm(x[i : i + 1], panels, n, bias, lib=lib, bits=bits) for i in range(33)])
+    assert torch.equal(alone, want), bits
+    for m in range(1, 34):
+        assert torch.equal(quant_matmul.quant_mm(x[:m], panels, n, bias, lib=lib, bits=bits), want[:m]), (bits, m)
+        assert torch.equal(quant_matmul.quant_mm(x[33 - m :], panels, n, None, lib=lib, bits=bits),
+                           quant_matmul.quant_mm(x[33 - m :], panels, n, None, lib=mine, bits=bits)), (bits, m)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("level", levels.LEVELS)
 def test_every_row_count_gives_each_row_its_own_bits_in_the_two_term_formats(level, threads):
@@ -55,14 +66,7 @@ def test_every_row_count_gives_each_row_its_own_bits_in_the_two_term_formats(lev
             extra = {name: t for name, t in blocks.items() if name not in ("quants", "scales")}
             reference = quant_matmul.reference_blocks(x, blocks["quants"], blocks["scales"], bias, bits, **extra)
             torch.testing.assert_close(want, reference, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
-            alone = torch.cat([quant_matmul.quant_mm(x[i : i + 1], panels, n, bias, lib=lib, bits=bits)
-                               for i in range(33)])
-            assert torch.equal(alone, want), bits
-            for m in range(1, 34):
-                assert torch.equal(quant_matmul.quant_mm(x[:m], panels, n, bias, lib=lib, bits=bits), want[:m]), \
-                    (bits, m)
-                assert torch.equal(quant_matmul.quant_mm(x[33 - m :], panels, n, None, lib=lib, bits=bits),
-                                   quant_matmul.quant_mm(x[33 - m :], panels, n, None, lib=mine, bits=bits)), (bits, m)
+            _rows_alone_and_together(x, panels, n, bias, lib, mine, bits, want)
     finally:
         torch.set_num_threads(old)
 
@@ -122,14 +126,7 @@ def test_every_row_count_gives_each_row_its_own_bits_on_every_level(level, threa
             x = torch.randn(33, k, generator=torch.Generator().manual_seed(bits))
             x[4, :32] = 0  # a row block of zeros
             want = quant_matmul.quant_mm(x, panels, n, bias, lib=mine, bits=bits)
-            alone = torch.cat([quant_matmul.quant_mm(x[i : i + 1], panels, n, bias, lib=lib, bits=bits)
-                               for i in range(33)])
-            assert torch.equal(alone, want), bits
-            for m in range(1, 34):
-                assert torch.equal(quant_matmul.quant_mm(x[:m], panels, n, bias, lib=lib, bits=bits), want[:m]), \
-                    (bits, m)
-                assert torch.equal(quant_matmul.quant_mm(x[33 - m :], panels, n, None, lib=lib, bits=bits),
-                                   quant_matmul.quant_mm(x[33 - m :], panels, n, None, lib=mine, bits=bits)), (bits, m)
+            _rows_alone_and_together(x, panels, n, bias, lib, mine, bits, want)
     finally:
         torch.set_num_threads(old)
 
