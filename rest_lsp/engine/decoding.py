@@ -8,6 +8,7 @@ node's logits judge its children. With an empty tree a step is exactly one plain
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections import deque
@@ -20,7 +21,8 @@ from transformers import DynamicCache
 
 from rest_lsp.drafting.acceptance import AcceptanceModel
 from rest_lsp.engine import mode_choice
-from rest_lsp.engine.calibration import Calibration, calibrate
+from rest_lsp.cache_dir import read_bytes
+from rest_lsp.engine.calibration import Calibration, cache_file, calibrate, calibration_key, write_json
 from rest_lsp.drafting.draft_tree import (DraftTree, build_tree, tree_attention_mask, tree_position_ids,
                                   under_chain)
 from rest_lsp.drafting.drafts import DraftSource, Proposal, propose
@@ -184,6 +186,23 @@ def likely_nodes(tree: DraftTree, batch_from: float, rows: int) -> list[int]:
     return sorted(range(len(tree)), key=lambda i: -tree.shares[i])[:rows]
 
 
+def _learned_costs(path: Path, key: dict) -> list[float] | None:
+    """The step-cost curve an earlier decoder of this `key` learned and kept in `path` (save_learned_costs); None
+    when there is none, or it is unreadable, another key's or not a curve (then with one log line)."""
+    try:
+        data = json.loads(read_bytes(path))  # only a file of this user's alone (cache_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        log.warning("The learned step cost %s is not used (%s); the steps run teach it again.", path, err)
+        return None
+    curve = step_cost.from_learned_json(data) if isinstance(data, dict) and data.get("key") == key else None
+    if curve is None:
+        log.warning("The learned step cost %s is another machine's, model's or mode's, or not a curve; the steps run "
+                    "teach it again.", path)
+    return curve
+
+
 def _mode_choice_steps(name: str, device: torch.device, mode: str, cache_dir: Path) -> tuple[float, float] | None:
     """(ms of a plain step, ms of a mode_choice.TREE-token step) of `mode` that the mode choice measured for this
     model on this machine and kept, else None (not a .gguf, never chosen here, or its timings were noisy)."""
@@ -218,6 +237,7 @@ PREFILL_CHUNK = 256
 # per request, and a multi-row pass costs far less than two (lean engine).
 CHAIN_TAIL = 64
 PASSES_KEPT = 32  # decoding passes whose times say how long the shortest takes on this machine now
+LEARNED_PREFIX = "learned-"  # the calibration folder's files of step-cost curves learned from served steps
 
 
 @dataclass(frozen=True)
@@ -310,6 +330,7 @@ class Decoder:
         # What sources claim is not how often the model agrees: learned per (source, match length, depth) from
         # every walk, for as long as the decoder lives (and longer, when its owner saves it).
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
+        self._learned_file: tuple[Path, dict] | None = None  # where calibrate() looked for a learned curve, its key
 
     @torch.inference_mode()
     def _split_head(self):
@@ -357,14 +378,31 @@ class Decoder:
                           engine=self.engine, force=force, should_stop=should_stop, measure=measure,
                           kernel=self.kernel,
                           **measure_kw)
+        root = cache_root() if cache_dir is None else cache_dir
+        key = calibration_key(self.model, self.name, self.device, self.dtype, self.engine, self.kernel)
+        self._learned_file = (cache_file(root, key, prefix=LEARNED_PREFIX), key)
         if found is not None:
             self.run, self.calibration = self.run.measured(found.curve), found
             # timings from busy cores (not kept) are a seed the first steps outvote
             self.costs.seed(found.curve, "measured", None if found.path is not None else step_cost.GUESSED_WEIGHT)
-        elif self.device.type == "cpu" and (two := _mode_choice_steps(self.name, self.device, self.mode,
-                                                                      cache_root() if cache_dir is None else cache_dir)):
+        elif self.device.type == "cpu" and (learned := _learned_costs(*self._learned_file)) is not None:
+            self.costs.seed(learned, "learned here")
+        elif self.device.type == "cpu" and (two := _mode_choice_steps(self.name, self.device, self.mode, root)):
             self.costs.seed(seed_from_two(two[0], mode_choice.TREE, two[1]), "mode choice")
         return found
+
+    def save_learned_costs(self) -> None:
+        """Keep the step-cost curve the steps taught (step_cost.StepCosts.learned_json) where `calibrate` looked for
+        one, for the next start on this machine, model, mode and kernel: nothing before `calibrate` or before a tree
+        step taught anything. A failure costs only the next start's seed (one log line)."""
+        learned = self.costs.learned_json() if self._learned_file is not None else None
+        if learned is None:
+            return
+        path, key = self._learned_file
+        try:
+            write_json(path, {"key": key, **learned})
+        except OSError as err:
+            log.warning("Could not keep the learned step cost in %s (%s); the next start learns it again.", path, err)
 
     @property
     def mode(self) -> str:

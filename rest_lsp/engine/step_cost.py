@@ -23,12 +23,14 @@ Rules:
   would not pay even where rows are cheapest, or hold less than PROBE_GAIN expected tokens (a source
   always wrong), are never probed.
 - Nothing measured here: the seed is CONSERVATIVE (trees start small and grow as steps prove cheap), never another
-  machine's curve.
+  machine's curve. What the steps taught is kept (`learned_json`) by whoever owns the decoder and seeds the next
+  start on the same machine, model, mode and kernel (`from_learned_json`), as a curve measured here does.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -216,6 +218,14 @@ class StepCosts:
         return {"seed": self.source, "growth_probes": self.probes, "reference_steps": self.references,
                 "learned": {str(k): [n, round(r, 3)] for k, (n, r) in self.seen().items()}}
 
+    # -- keeping what was learned -------------------------------------------------------------------------------
+    def learned_json(self) -> dict | None:
+        """The learned curve for the next start (its cost at 1..KNOTS[-1] rows) and the steps behind it; None while
+        no tree step has taught anything (a seed is not kept as if it were learned)."""
+        if not self.learn or not any(self._windows):
+            return None
+        return {"curve": [round(c, 4) for c in self.curve()[1 : KNOTS[-1] + 1]], "steps": self.steps}
+
     # -- choosing ----------------------------------------------------------------------------------------------------
     def choose(self, tree: DraftTree) -> DraftTree:
         """The tree cut to what pays on the learned curve; the root alone when a plain step is due as the
@@ -237,3 +247,17 @@ class StepCosts:
                 grown = KNOTS[min(_knot(len(fitted)) + 1, len(KNOTS) - 1)]
                 return tree.prefix(min(worth, max(grown, len(fitted) + 1)))
         return fitted
+
+
+def from_learned_json(data) -> list[float] | None:
+    """The curve (curve[k]; curve[0] unused) a `learned_json` holds, checked: 1 at one row, every cost finite and at
+    least 1; None for anything else."""
+    if not isinstance(data, dict) or not isinstance(data.get("curve"), list):
+        return None
+    try:
+        costs = [float(c) for c in data["curve"]]
+    except (TypeError, ValueError):
+        return None
+    if len(costs) < 2 or costs[0] != 1.0 or any(not math.isfinite(c) or c < 1.0 for c in costs):
+        return None
+    return [0.0, *costs]

@@ -213,7 +213,7 @@ class CompletionService(HostThreads):
             self._stale_suggestions()  # the old model's
             self._ready.set()
         if old is not None:
-            old.save_acceptance()  # what the replaced model learned
+            old.save_learned()  # what the replaced model learned
         # not under the lock: stopping joins watcher threads that call back into the service
         self._feed.retire(retired, None)
         if replaced is not None:
@@ -298,7 +298,7 @@ class CompletionService(HostThreads):
             if thread is not threading.current_thread():
                 thread.join(timeout)
         if self._model is not None:
-            self._model.save_acceptance()  # the worker has stopped: nothing changes the table any more
+            self._model.save_learned()  # the worker has stopped: nothing changes the table any more
         if datastore is not None:
             datastore.close()
 
@@ -637,7 +637,7 @@ class CompletionService(HostThreads):
                 self._pace.answered()  # nothing to show is an answer too: the person goes on writing after it
                 answer = None
         if save:
-            model.save_acceptance()
+            model.save_learned()
         return answer
 
     # -- feedback and introspection ----------------------------------------------------------------------------

@@ -39,13 +39,15 @@ class ServingModel:
     # what each token's text does to lines (drafts.TokenLines): where a one-line suggestion's drafts end
     lines: object
 
-    def save_acceptance(self) -> None:
-        """Save the decoder's learned acceptance table; a failure costs only what was learned."""
+    def save_learned(self) -> None:
+        """Save what the decoder learned as it served: its acceptance table and its step-cost curve; a failure
+        costs only what was learned."""
         path, key = self.acceptance_file
         try:
             self.decoder.acceptance.save(path, key)
         except OSError as err:
             log.warning("rest-lsp: could not save the learned acceptance table %s: %s", path, err)
+        self.decoder.save_learned_costs()
 
     @property
     def tokenizer_key(self) -> str:

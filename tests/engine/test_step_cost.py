@@ -213,3 +213,79 @@ def test_the_mode_choice_kept_here_is_read_back_as_the_seeds_two_steps(tmp_path)
     assert decoding._mode_choice_steps(str(gguf), cpu, "gguf", tmp_path) == (20.0, 30.0)
     assert decoding._mode_choice_steps(str(gguf), cpu, "gguf", tmp_path / "elsewhere") is None
     assert decoding._mode_choice_steps(str(tmp_path), cpu, "gguf", tmp_path) is None  # not a .gguf
+
+
+# -- what was learned, kept for the next start -----------------------------------------------------------------------
+def learned_steep(tmp_path) -> tuple[Decoder, list[int], list[int]]:
+    """A decoder that looked for a learned curve under tmp_path, then learned from steps where rows are dear."""
+    loaded = tiny_model("llama")
+    prompt = [random.Random(3).randrange(97) for _ in range(30)]
+    truth = Decoder(loaded).generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=60, budget=0)).tokens
+    decoder = Decoder(loaded)
+    decoder.calibrate(tmp_path, measure=False)
+    FakeClock(decoder, STEEP)
+    for _ in range(8):
+        decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=60, budget=8))
+        decoder.reset()
+    return decoder, prompt, truth
+
+
+def test_the_curve_the_steps_taught_seeds_the_next_start_on_this_machine(tmp_path):
+    """A restarted server starts from what the last one's steps cost here, not from the conservative guess: where
+    rows are dear its first completion already runs plain steps."""
+    before, prompt, truth = learned_steep(tmp_path)
+    assert before.costs.source == "conservative" and before.step_cost[2] > 1.5
+    before.save_learned_costs()
+    after = Decoder(tiny_model("llama"))
+    assert after.costs.source == "conservative"
+    after.calibrate(tmp_path, measure=False)
+    assert after.costs.source == "learned here"
+    assert after.step_cost[1:17] == pytest.approx(before.step_cost[1:17], abs=1e-3)
+    FakeClock(after, STEEP)
+    result = after.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=60, budget=8))
+    assert result.tokens == truth and result.tokens_per_step < 1.3
+    fresh = Decoder(tiny_model("llama"))
+    FakeClock(fresh, STEEP)
+    assert fresh.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=60, budget=8)).steps < result.steps
+
+
+def test_nothing_is_kept_before_a_tree_step_taught_something_or_for_another_model(tmp_path):
+    decoder = Decoder(tiny_model("llama"))
+    decoder.save_learned_costs()  # before calibrate: nowhere to keep it
+    decoder.calibrate(tmp_path, measure=False)
+    decoder.save_learned_costs()  # nothing learned: the seed is not kept as if it were
+    assert not list(tmp_path.rglob(f"{decoding.LEARNED_PREFIX}*"))
+    learned, _, _ = learned_steep(tmp_path)
+    learned.save_learned_costs()
+    assert len(list(tmp_path.rglob(f"{decoding.LEARNED_PREFIX}*"))) == 1
+    other = Decoder(tiny_model("qwen2"))  # another model: another key, another file
+    other.calibrate(tmp_path, measure=False)
+    assert other.costs.source == "conservative"
+
+
+@pytest.mark.parametrize("damage", ["not json", "another key", "not a curve"])
+def test_a_damaged_or_foreign_learned_curve_is_not_used(tmp_path, caplog, damage):
+    import json
+
+    learned, _, _ = learned_steep(tmp_path)
+    learned.save_learned_costs()
+    (path,) = tmp_path.rglob(f"{decoding.LEARNED_PREFIX}*")
+    data = json.loads(path.read_text())
+    if damage == "not json":
+        path.write_text("{")
+    elif damage == "another key":
+        path.write_text(json.dumps({**data, "key": {**data["key"], "machine": "another CPU"}}))
+    else:
+        path.write_text(json.dumps({**data, "curve": [1.0, -3.0, float("nan")]}))
+    after = Decoder(tiny_model("llama"))
+    with caplog.at_level("WARNING"):
+        after.calibrate(tmp_path, measure=False)
+    assert after.costs.source == "conservative"
+    assert sum("learned step cost" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_learned_curve_is_checked_before_it_is_a_seed():
+    assert step_cost.from_learned_json({"curve": [1.0, 1.2, 1.5]}) == [0.0, 1.0, 1.2, 1.5]
+    for bad in (None, [], {"curve": "x"}, {"curve": [1.2, 1.5]}, {"curve": [1.0]}, {"curve": [1.0, 0.5]},
+                {"curve": [1.0, float("inf")]}, {"curve": [1.0, None]}):
+        assert step_cost.from_learned_json(bad) is None, bad
