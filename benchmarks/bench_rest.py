@@ -67,6 +67,26 @@ def hf_generate(model, prompt: list[int], n: int, **kw) -> tuple[list[int], floa
     return new, (first - t0) * 1e3, (t1 - first) * 1e3 / max(1, len(new) - 1)
 
 
+def references(loaded, budget: int):
+    """(plain, prompt lookup, their name): runners (prompt, n) -> (new tokens, prefill ms, ms per token) of the
+    references every row is compared with. transformers' `generate` and its prompt lookup where the model has a
+    transformers forward; for a .gguf loaded from its blocks (no transformers model: `lean_only`) our own engine's
+    plain steps and its trees of context drafts alone (prompt lookup's drafts, verified as REST verifies)."""
+    model = loaded.model
+    if not getattr(model, "lean_only", False):
+        return (lambda p, n: hf_generate(model, p, n),
+                lambda p, n: hf_generate(model, p, n, prompt_lookup_num_tokens=10), "transformers generate")
+    decoder = Decoder(loaded)
+
+    def ours(prompt: list[int], n: int, lookup: bool):
+        decoder.reset()
+        r = decoder.generate(prompt, ContextLookup(), DecodeConfig(max_new_tokens=n, budget=budget if lookup else 0))
+        return r.tokens, r.prefill_ms, r.ms_per_token
+
+    return (lambda p, n: ours(p, n, False), lambda p, n: ours(p, n, True),
+            "rest-lsp's engine: a .gguf loaded from its blocks has no transformers forward")
+
+
 def index_corpus(tok, corpus: Path) -> tuple[Datastore, list[Path], list[list[int]]]:
     files = python_files(corpus)
     store = Datastore()
@@ -239,8 +259,9 @@ def main() -> None:
     n = args.max_new_tokens
     # warm up every path once (first calls allocate and pick kernels)
     warm = tok.encode("def warm_up(x):\n    return x\n")
-    hf_generate(model, warm, 4)
-    hf_generate(model, warm, 4, prompt_lookup_num_tokens=10)
+    plain_ref, lookup_ref, reference = references(loaded, budget)
+    plain_ref(warm, 4)
+    lookup_ref(warm, 4)
     Decoder(loaded).generate(warm, ContextLookup(), DecodeConfig(max_new_tokens=4, budget=budget))
 
     rows = []
@@ -259,8 +280,8 @@ def main() -> None:
             suffix = tok.encode(text_after_function(full, offset)[:4000])
             store.remove(str(path))  # the function being written is not in the workspace yet
 
-            plain, _, plain_ms = hf_generate(model, prompt, n)
-            pld, _, pld_ms = hf_generate(model, prompt, n, prompt_lookup_num_tokens=10)
+            plain, _, plain_ms = plain_ref(prompt, n)
+            pld, _, pld_ms = lookup_ref(prompt, n)
             row = {
                 "corpus": corpus.name, "file": str(path.relative_to(corpus)), "line": text.count("\n"),
                 "prompt_tokens": len(prompt), "plain_ms_per_token": plain_ms, "pld_ms_per_token": pld_ms,
@@ -321,8 +342,8 @@ def main() -> None:
     print("\n| configuration | median ms/token | median tokens/step | median speedup vs plain | vs prompt lookup | "
           "slowest prompt vs plain | identical to plain decoding in its mode | drafting share of decode time |")
     print("|---|---|---|---|---|---|---|---|")
-    print(f"| plain (transformers generate) | {summary['median_plain_ms_per_token']:.1f} | 1 | 1x | | | - | - |")
-    print(f"| prompt lookup (generate) | {summary['median_pld_ms_per_token']:.1f} | - | {summary['median_speedup_pld']:.2f}x | "
+    print(f"| plain ({reference}) | {summary['median_plain_ms_per_token']:.1f} | 1 | 1x | | | - | - |")
+    print(f"| prompt lookup ({reference.split(':')[0]}) | {summary['median_pld_ms_per_token']:.1f} | - | {summary['median_speedup_pld']:.2f}x | "
           f"1x | {min(r['speedup_pld'] for r in rows):.2f}x | {summary['pld_identical']}/{len(rows)} | - |")
     if args.llama_cpp:
         # after all of ours, in this process: timed between our runs, llama.cpp ran 2-3x slower here (27-34 ms per
