@@ -395,7 +395,12 @@ class Decoder:
         """Keep the step-cost curve the steps taught (step_cost.StepCosts.learned_json) where `calibrate` looked for
         one, for the next start on this machine, model, mode and kernel: nothing before `calibrate` or before a tree
         step taught anything. A failure costs only the next start's seed (one log line)."""
-        learned = self.costs.learned_json() if self._learned_file is not None else None
+        if self._learned_file is None:
+            return
+        try:
+            learned = self.costs.learned_json()
+        except RuntimeError:  # a step recorded meanwhile (a replaced model finishing a request): not kept this time
+            return
         if learned is None:
             return
         path, key = self._learned_file

@@ -289,3 +289,15 @@ def test_a_learned_curve_is_checked_before_it_is_a_seed():
     for bad in (None, [], {"curve": "x"}, {"curve": [1.2, 1.5]}, {"curve": [1.0]}, {"curve": [1.0, 0.5]},
                 {"curve": [1.0, float("inf")]}, {"curve": [1.0, None]}):
         assert step_cost.from_learned_json(bad) is None, bad
+
+
+def test_a_save_while_a_step_is_recorded_keeps_nothing_and_raises_nothing(tmp_path, monkeypatch):
+    """A replaced model is saved while its last request may still record steps: the deques change under the walk."""
+    learned, _, _ = learned_steep(tmp_path)
+
+    def busy():
+        raise RuntimeError("deque mutated during iteration")
+
+    monkeypatch.setattr(learned.costs, "learned_json", busy)
+    learned.save_learned_costs()
+    assert not list(tmp_path.rglob(f"{decoding.LEARNED_PREFIX}*"))
