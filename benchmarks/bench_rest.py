@@ -226,16 +226,16 @@ def main() -> None:
     default_mode = "fp16w" if loaded.packing == "fp16" else "fp32" if loaded.mode == "float32" else "own"
     other = "fp32" if default_mode != "fp32" else "fp16w"
     configs += [f"own-plain-{other}", f"rest-{other}"] if args.other_mode else []
+    if args.ablate:
+        # "held" is the start the server's prompts hold back at a line start; these prompts are raw text that
+        # holds nothing back, so it never applies here (bench_replay's rest-no-held ablates it)
+        configs += [f"-{name}" for name in SOURCE_NAMES if name != "held"]
     mode = {c: c.rsplit("-", 1)[1] if c.endswith(("-fp32", "-fp16w")) else default_mode for c in configs}
 
     def own_plain(c: str) -> str:
         """Our plain decoding in c's mode."""
         return "own-plain" if mode[c] == default_mode else f"own-plain-{mode[c]}"
 
-    if args.ablate:
-        # "held" is the start the server's prompts hold back at a line start; these prompts are raw text that
-        # holds nothing back, so it never applies here (bench_replay's rest-no-held ablates it)
-        configs += [f"-{name}" for name in SOURCE_NAMES if name != "held"]
     # fp32 configurations of a model loaded in float16-weights: the packing fp32 gets by default (our panel kernel,
     # else oneDNN), not the loaded model's
     fp32_packing = pick_packing(None, torch.float32, loaded.device)
