@@ -186,6 +186,33 @@ def likely_nodes(tree: DraftTree, batch_from: float, rows: int) -> list[int]:
     return sorted(range(len(tree)), key=lambda i: -tree.shares[i])[:rows]
 
 
+SUCCESSORS = 8  # the model's likeliest next tokens kept per visited node (Token Recycling)
+TOPK_BLOCK = 128  # logits per block in `top_successors`' first pass
+
+
+def top_successors(logits: torch.Tensor, k: int = SUCCESSORS) -> tuple[list[list[int]], list[list[float]]]:
+    """Per row of logits [n, V]: its k likeliest tokens, likeliest first, and their softmax probabilities.
+
+    The same set as topk(softmax(row), k) (ties aside), without a full softmax or a top-k over V: the k largest lie
+    in the k blocks of TOPK_BLOCK with the largest maxima, so a max per block, a top-k over those maxima and one over
+    k blocks find them; the normaliser is one pass of exp. Rule: fp32 in, probabilities as softmax's up to rounding."""
+    n, v = logits.shape
+    if v <= 4 * k * TOPK_BLOCK:  # a small vocabulary: one top-k is as cheap
+        top = torch.topk(logits, min(k, v), dim=-1)  # [n, k]
+        ids, values = top.indices, top.values
+    else:
+        pad = -v % TOPK_BLOCK
+        blocks = torch.nn.functional.pad(logits, (0, pad), value=float("-inf")).view(n, -1, TOPK_BLOCK)  # [n, B, G]
+        best = torch.topk(blocks.amax(dim=-1), k, dim=-1).indices  # [n, k] blocks holding the k largest
+        candidates = torch.gather(blocks, 1, best[:, :, None].expand(-1, -1, TOPK_BLOCK)).view(n, -1)  # [n, k*G]
+        top = torch.topk(candidates, k, dim=-1)  # [n, k]
+        ids = best.gather(1, top.indices // TOPK_BLOCK) * TOPK_BLOCK + top.indices % TOPK_BLOCK
+        values = top.values
+    peak = values[:, :1]  # [n, 1] each row's largest logit
+    total = (logits - peak).exp_().sum(dim=-1, keepdim=True)  # [n, 1]
+    return ids.tolist(), ((values - peak).exp() / total).tolist()
+
+
 def _learned_costs(path: Path, key: dict) -> list[float] | None:
     """The step-cost curve an earlier decoder of this `key` learned and kept in `path` (save_learned_costs); None
     when there is none, or it is unreadable, another key's or not a curve (then with one log line)."""
@@ -742,10 +769,9 @@ class Decoder:
     def _recycle(drafts: DraftSource, tree: DraftTree, path: list[int], logits_at) -> None:
         """Hand the model's distribution after each visited token to sources that learn its habits (no extra pass:
         the walk computed these logits already)."""
-        for node in path:
-            probs = torch.softmax(logits_at(node), dim=-1)  # [V]
-            top = torch.topk(probs, 8)
-            drafts.observe_successors(tree.tokens[node], top.indices.tolist(), top.values.tolist())
+        ids, probs = top_successors(torch.stack([logits_at(node) for node in path]))  # [n, k] each
+        for node, node_ids, node_probs in zip(path, ids, probs):
+            drafts.observe_successors(tree.tokens[node], node_ids, node_probs)
 
     # -- the loop ------------------------------------------------------------------------------------------------
     @_restore_on_error
