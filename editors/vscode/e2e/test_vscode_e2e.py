@@ -373,9 +373,19 @@ def test_ghost_text_tab_status_stats_settings_and_toggle(tools, browser, tmp_pat
         assert req["params"]["arguments"][0]["text"] == expected, req
         assert resp.get("result") is True, resp
 
-        # the speed of the decoding that requests waited for: the request after the last keystroke decoded (or
-        # joined the guess decoding there), so tokens per step and ms per token show, not a latency alone
-        expect(item).to_have_text(re.compile(r"REST \d+\.\d tok/step · \d+ ms/tok"), timeout=UI_S * 1000)
+        # the speed of the decoding that requests waited for, as the server's stats tell it: tokens per step and ms
+        # per token once a request waited for a decoding (it usually joins the guess decoding at the last
+        # keystroke), the last latency alone while every suggestion was ready before it was asked (seen on a
+        # 2-core AVX2 EPYC, where the guess was done before VS Code asked)
+        speed = re.compile(r"REST \d+\.\d tok/step · \d+ ms/tok")
+        latency = re.compile(r"REST \d+ ms")
+        expect(item).to_have_text(re.compile(f"{speed.pattern}|{latency.pattern}"), timeout=UI_S * 1000)
+        told = [r["result"] for _, r in tap.commands("rest-lsp.stats") if r is not None and r.get("result")]
+        if any(stats["mean_tokens_per_step"] is not None for stats in told):
+            expect(item).to_have_text(speed, timeout=UI_S * 1000)
+        else:
+            assert told, "the status bar shows a speed the server's stats never told"
+            assert latency.search(item.inner_text()), item.inner_text()
         # The status bar's right half, with the last lines of the editor above it.
         box = item.bounding_box()
         page.screenshot(path=str(shots / "vscode-status-bar.png"),
