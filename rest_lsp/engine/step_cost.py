@@ -50,9 +50,9 @@ PROBE_EVERY = 24  # steps between growth probes
 # its last few, so that a few probes after the load has gone outvote what it taught
 EXPIRE = 5 * PROBE_EVERY
 # The curve a CPU starts from when nothing was measured on it: about the steepest seen on a CPU (an AVX2-only Zen 1
-# EPYC, whose 256-bit integer multiplies issue as two halves on one port: the code model's steps learned 2 rows
-# 1.4-1.7x one, 4 rows 2.3-3.0x, 12 rows 5.7x), so a first tree must be sure to pay; the steps run correct it within
-# a few dozen, and rows proved cheap extend the curve flat beyond them.
+# EPYC, whose 256-bit integer multiplies issue as two halves on one port; benchmarks/RESULTS.md, bench_replay), so a
+# first tree must be sure to pay; the steps run correct it within a few dozen, and rows proved cheap extend the curve
+# flat beyond them.
 CONSERVATIVE = cost_curve({1: 1.0, 2: 1.5, 4: 2.6, 8: 4.3, 16: 7.8, 32: 15.0, 64: 29.0})
 MEASURED_WEIGHT = 3  # pseudo-corrections behind a seed measured here
 GUESSED_WEIGHT = 1  # behind the conservative seed: the first real steps outvote it
