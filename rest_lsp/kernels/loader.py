@@ -40,8 +40,8 @@ from rest_lsp.kernels import levels
 log = logging.getLogger(__name__)
 
 SANITIZE_ENV = "REST_LSP_KERNEL_SANITIZE"
-# -O1 last (the last -O wins): AddressSanitizer's advice, and at -O3 the instrumented tiles of a level took 1-2.5
-# minutes each to compile; the arithmetic is the same (no fast-math, contraction off), so the tests' bits are too
+# -O1 last (the last -O wins): AddressSanitizer's advice, and the instrumented tiles compile many times faster than at
+# -O3 (docs/LOG.md); the arithmetic is the same (no fast-math, contraction off), so the tests' bits are too
 SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g",
             "-O1")
 OPENMP = ("-fopenmp",)  # tried first; the key covers it, so a library built without it is another library
