@@ -30,6 +30,7 @@ from rest_lsp.engine.lean_llama import KVCache, LeanLlama, unsupported
 from rest_lsp.engine.model import LoadedModel, ModelLoadError, cache_root
 from rest_lsp.engine.runmode import run_mode
 from rest_lsp.engine import step_cost
+from rest_lsp.engine.draft_gate import DraftGate
 from rest_lsp.engine.step_cost import StepCosts, seed_from_two
 
 log = logging.getLogger(__name__)
@@ -354,6 +355,8 @@ class Decoder:
         self.costs = StepCosts(self.run.step_cost, "flat") if self.device.type == "cuda" else StepCosts()
         self.clock = time.perf_counter  # what step times are read from (a test's fake clock)
         self._pass_s: deque[float] = deque(maxlen=PASSES_KEPT)  # the last decoding passes' times (seconds)
+        # Whether a step drafts at all: where drafting has not paid for its own work, steps are plain.
+        self.gate = DraftGate()
         # What sources claim is not how often the model agrees: learned per (source, match length, depth) from
         # every walk, for as long as the decoder lives (and longer, when its owner saves it).
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
@@ -799,18 +802,27 @@ class Decoder:
             return clock.result([], 0, "stopped", computed)
 
         seq, new = list(prompt), []
-        steps, finish = 0, "length"
+        steps, finish, accepted_drafts = 0, "length", 0
         recycle = config.budget > 0 and getattr(drafts, "wants_successors", hasattr(drafts, "observe_successors"))
         while len(new) < config.max_new_tokens:
             if cancelled is not None and cancelled():  # before each step too, not only between prefill passes
                 finish = "stopped"
                 break
-            tree = self._draft(seq, drafts, config, clock)
+            situation = DraftGate.situation(steps == 0, accepted_drafts)
+            drafting = config.budget > 0 and (not config.fit_to_cost or self.gate.drafts(situation))
+            started = self.clock()
+            tree = self._draft(seq, drafts, config, clock) if drafting else self._root(seq)
+            drafted_s = self.clock() - started
             self._match_rope(seq)
             base = self._cache_length()
             accepted, path, logits_at = self._verify_and_accept(tree, chain, config, gen)
             computed, steps = computed + len(chain), steps + 1
-            self._learn(drafts if recycle else None, tree, path, accepted, logits_at)
+            started = self.clock()
+            self._learn(drafts if recycle and drafting else None, tree, path, accepted, logits_at)
+            accepted_drafts = len(accepted) - 1
+            if drafting and config.fit_to_cost and not self.costs.probing:  # a probe is the curve's, not the drafts'
+                self.gate.report(situation, accepted_drafts, self.costs.cost(len(tree)) - 1.0,
+                                 drafted_s + self.clock() - started, self.costs.reference_s())
             accepted = accepted[: config.max_new_tokens - len(new)]
             self._commit(base, chain, seq, tree, path, accepted)
             chain = []
@@ -839,6 +851,11 @@ class Decoder:
             tree = self.costs.choose(tree)
         clock.draft += time.perf_counter() - t
         return tree
+
+    @staticmethod
+    def _root(seq: list[int]) -> DraftTree:
+        """A plain step's tree: the last token alone."""
+        return DraftTree([seq[-1]], [-1], [0], (1.0,), ((),), (1.0,))
 
     def _verify_and_accept(self, tree: DraftTree, chain: list[int], config: DecodeConfig,
                            gen: torch.Generator | None) -> tuple[list[int], list[int], Callable[[int], torch.Tensor]]:

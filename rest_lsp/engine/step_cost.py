@@ -104,6 +104,7 @@ class StepCosts:
         self._probed = 0  # step number of the last growth probe
         self.probes = 0  # growth probes run
         self.references = 0  # reference probes run
+        self.probing = False  # the last tree chosen is a probe (growth or reference), not the size that pays
         self._seed = Seed(CONSERVATIVE, "conservative", GUESSED_WEIGHT)
         self._learned: list[float] | None = None  # curve() until the next seed or tree step
         if curve is not None:
@@ -209,6 +210,11 @@ class StepCosts:
                                           for k in range(2, max(len(self._seed.curve), KNOTS[-1] + 1))]
         return self._learned
 
+    def cost(self, k: int) -> float:
+        """cost(k) on the learned curve (its last segment extended past it)."""
+        curve = self.curve()
+        return curve[k] if k < len(curve) else curve[-1] + (curve[-1] - curve[-2]) * (k - len(curve) + 1)
+
     def seen(self) -> dict[int, tuple[int, float]]:
         """Per bucket with steps seen: (steps in its window, its learned cost ratio at the knot)."""
         anchors = self._anchors(self._corrections())
@@ -233,12 +239,14 @@ class StepCosts:
         """The tree cut to what pays on the learned curve; the root alone when a plain step is due as the
         reference and the choice depends on it; grown to the next bucket when a growth probe is due and the drafts
         beyond the cut would pay where rows are cheapest."""
+        self.probing = False
         if len(tree) == 1 or not self.learn:
             return fit_to_cost(tree, self._seed.curve)
         curve = self.curve()
         last_plain = self._plain[-1][0] if self._plain else 0  # a fresh decoder runs its seed's trees a while first
         if self.steps - last_plain >= REFERENCE_AGE:
             self.references += 1
+            self.probing = True
             return tree.prefix(1)
         fitted = fit_to_cost(tree, curve)
         if len(fitted) < len(tree) and self.steps - self._probed >= PROBE_EVERY:
@@ -246,6 +254,7 @@ class StepCosts:
             if sum(tree.shares[len(fitted) : worth]) >= PROBE_GAIN:
                 self._probed = self.steps
                 self.probes += 1
+                self.probing = True
                 grown = KNOTS[min(_knot(len(fitted)) + 1, len(KNOTS) - 1)]
                 return tree.prefix(min(worth, max(grown, len(fitted) + 1)))
         return fitted

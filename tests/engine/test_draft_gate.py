@@ -1,0 +1,132 @@
+"""A step drafts only where drafting has paid (rest_lsp/engine/draft_gate.py): REST is never slower than leaving it
+off, however costly or useless the sources, and drafts that pay are always asked."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rest_lsp.drafting.drafts import Proposal
+from rest_lsp.engine import draft_gate
+from rest_lsp.engine.decoding import DecodeConfig, Decoder
+from rest_lsp.engine.draft_gate import DraftGate
+
+from support import tiny_model
+
+
+# -- the gate alone --------------------------------------------------------------------------------------------------
+def drafted_steps(gate: DraftGate, situation: str, gain: float, steps: int) -> int:
+    """How many of `steps` steps in `situation` draft, each drafted one reporting `gain` (as drafting work)."""
+    n = 0
+    for _ in range(steps):
+        if gate.drafts(situation):
+            n += 1
+            gate.report(situation, 0, 0.0, -gain * 0.01, 0.01)
+    return n
+
+
+def test_a_situation_that_loses_stops_drafting_but_for_rare_explorations():
+    gate = DraftGate()
+    assert drafted_steps(gate, "cold", -0.2, draft_gate.MIN_SEEN) == draft_gate.MIN_SEEN  # judged on enough steps
+    n = drafted_steps(gate, "cold", -0.2, 400)
+    assert 400 // draft_gate.EXPLORE_MAX <= n <= 400 // draft_gate.EXPLORE_MAX + 4, n
+    assert gate.describe()["cold"]["drafts"] is False and gate.describe()["cold"]["plain_steps"] == 400 - n
+    assert gate.paying("after") and gate.paying("first")  # situations are judged apart
+
+
+def test_a_situation_that_pays_again_drafts_again():
+    gate = DraftGate()
+    drafted_steps(gate, "cold", -0.2, 200)
+    assert not gate.paying("cold")
+    for _ in range(2000):
+        if gate.drafts("cold"):
+            gate.report("cold", 1, 0.3, 0.001, 0.01)  # a draft accepted, for 0.4 plain steps
+        if gate.paying("cold"):
+            break
+    assert gate.paying("cold")
+    assert drafted_steps(gate, "cold", 0.5, 50) == 50
+
+
+def test_without_a_plain_step_to_compare_nothing_is_learned():
+    gate = DraftGate()
+    for _ in range(100):
+        gate.report("cold", 0, 3.0, 1.0, None)
+    assert gate.paying("cold") and gate.describe()["cold"]["seen"] == 0
+
+
+def test_situations():
+    assert DraftGate.situation(True, 3) == "first"
+    assert DraftGate.situation(False, 2) == "after"
+    assert DraftGate.situation(False, 0) == "cold"
+
+
+# -- the decoder -----------------------------------------------------------------------------------------------------
+class Clock:
+    """A fake clock: a pass of k rows takes 10 ms times (1 + 0.05 (k - 1)) (rows nearly free), and a source's
+    proposal takes what it says."""
+
+    def __init__(self, decoder: Decoder):
+        self.now = 0.0
+        real = decoder.verify
+
+        def verify(tree, chain=()):
+            self.now += 0.01 * (1 + 0.05 * (len(tree) + len(chain) - 1))
+            return real(tree, chain)
+
+        decoder.verify = verify
+        decoder.clock = lambda: self.now
+
+
+class Source:
+    """Proposes 6 tokens after each context: the true continuation (`right`) or tokens the model never writes,
+    as one sure chain; each proposal costs `work` seconds on the clock."""
+
+    def __init__(self, clock: Clock, full: list[int], right: bool, work: float, vocab: int):
+        self.clock, self.full, self.right, self.work, self.vocab = clock, full, right, work, vocab
+        self.asked = 0
+        self.rnd = random.Random(0)
+
+    def propose(self, context):
+        self.asked += 1
+        self.clock.now += self.work
+        if self.right:
+            nxt = self.full[len(context): len(context) + 6]
+        else:
+            nxt = [self.rnd.randrange(self.vocab) for _ in range(6)]
+        if not nxt:
+            return []
+        return [Proposal("src", 16, tuple(nxt), tuple(range(-1, len(nxt) - 1)), (1.0,) * len(nxt))]
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_drafting_that_costs_more_than_it_brings_stops_and_drafting_that_pays_goes_on(right):
+    loaded = tiny_model("llama")
+    prompt = [random.Random(3).randrange(97) for _ in range(24)]
+    plain = Decoder(loaded).generate(prompt, Source(None, [], False, 0.0, 97), DecodeConfig(max_new_tokens=40,
+                                                                                             budget=0)).tokens
+    decoder = Decoder(loaded)
+    clock = Clock(decoder)
+    asked = steps = 0
+    for _ in range(10):
+        decoder.reset()
+        source = Source(clock, prompt + plain, right, 0.004, loaded.model.config.vocab_size)  # 0.4 plain steps
+        result = decoder.generate(prompt, source, DecodeConfig(max_new_tokens=40, budget=8))
+        assert result.tokens == plain
+        asked, steps = asked + source.asked, steps + result.steps
+    if right:
+        assert asked == steps and steps <= 10 * 40 / 3  # asked every step, trees of sure drafts verified
+    else:
+        assert asked < 0.3 * steps, (asked, steps)  # plain steps: the useless source is rarely asked
+        assert decoder.gate.describe()["cold"]["drafts"] is False
+
+
+def test_a_fixed_budget_drafts_every_step():
+    """fit_to_cost=False asks for every tree whatever it costs (a benchmark's fixed trees)."""
+    loaded = tiny_model("llama")
+    prompt = [random.Random(4).randrange(97) for _ in range(24)]
+    decoder = Decoder(loaded)
+    clock = Clock(decoder)
+    source = Source(clock, [], False, 0.004, loaded.model.config.vocab_size)
+    result = decoder.generate(prompt, source, DecodeConfig(max_new_tokens=60, budget=8, fit_to_cost=False))
+    assert source.asked == result.steps
