@@ -66,10 +66,14 @@ class AcceptanceModel:
         hits, tried = self._buckets.get(key, (0.0, 0.0))
         return (hits + PRIOR * source_scale) / (tried + PRIOR)
 
+    def factor(self, key: Key) -> float:
+        """What a ratio of `key` is multiplied by when choosing the tree: its scale, plus the bonus of thin evidence."""
+        tried = self._buckets.get(key, (0.0, 0.0))[1]
+        return self.scale(key) + EXPLORE / math.sqrt(1.0 + tried)
+
     def probability(self, key: Key, ratio: float) -> float:
         """What a node is worth when choosing the tree: the scaled ratio, optimistic while evidence is thin."""
-        tried = self._buckets.get(key, (0.0, 0.0))[1]
-        return min(1.0, (self.scale(key) + EXPLORE / math.sqrt(1.0 + tried)) * ratio)
+        return min(1.0, self.factor(key) * ratio)
 
     def calibrated(self, p: float) -> float:
         """The tree's P(node | parent) corrected by how often nodes given that probability were accepted."""

@@ -84,18 +84,31 @@ def build_tree(
         for t in prop.under:  # a start that another source proposes: this one hangs below it, without a vote there
             base = node_under(base, t)
         where = [0] * len(prop)  # proposal index -> trie node
+        keys: dict[int, Key] = {}  # by depth in the proposal
         for i, (t, parent, ratio) in enumerate(zip(prop.tokens, prop.parents, prop.ratios)):
             node = node_under(base if parent < 0 else where[parent], t)
             # learned by the node's depth in the source's own continuation, wherever the tree hangs it
-            key = bucket(prop.source, prop.match_length, depth[node] - len(prop.under))
+            own = depth[node] - len(prop.under)
+            key = keys.get(own)
+            if key is None:
+                key = keys[own] = bucket(prop.source, prop.match_length, own)
             votes[node].append((key, ratio))
             where[i] = node
+
+    factors: dict[Key, float] = {}  # the acceptance model's factor per bucket, asked once per tree
+
+    def probability(key: Key, ratio: float) -> float:
+        if acceptance is None:
+            return min(1.0, ratio)
+        factor = factors.get(key)
+        if factor is None:
+            factor = factors[key] = acceptance.factor(key)
+        return min(1.0, factor * ratio)
 
     def chance(node: int) -> float:
         # the best-informed witness, not a noisy-OR: sources agree for the same reasons (the text after the
         # cursor is also in the workspace and in earlier outputs), so agreement is not independent evidence
-        return max((min(1.0, ratio) if acceptance is None else acceptance.probability(key, ratio)
-                    for key, ratio in votes[node]), default=0.0)
+        return max((probability(key, ratio) for key, ratio in votes[node]), default=0.0)
 
     def children(node: int) -> list[tuple[int, float]]:
         """(trie child, P(child | node) as the sources say): siblings exclude each other, so at most 1 in all."""

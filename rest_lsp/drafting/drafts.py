@@ -90,6 +90,13 @@ class Proposal:
                 heapq.heappush(frontier, (-weight[c] / weight[0], c, t, node, index))
         return cls(source, match_length, tuple(out_tokens), tuple(out_parents), tuple(out_ratios))
 
+    def prefix(self, k: int) -> "Proposal":
+        """The first k nodes: a whole forest (parents come first), its likeliest nodes where the source lists them
+        best first (from_continuations and the successor table do)."""
+        if k >= len(self.tokens):
+            return self
+        return dataclasses.replace(self, tokens=self.tokens[:k], parents=self.parents[:k], ratios=self.ratios[:k])
+
     def kept(self, keep: Sequence[bool]) -> "Proposal":
         """The nodes that `keep` marks, less the descendants of any it drops (indices renumbered)."""
         if len(keep) != len(self.tokens):

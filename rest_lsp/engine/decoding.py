@@ -845,7 +845,10 @@ class Decoder:
     def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers") -> DraftTree:
         """The sources' proposals after `seq`, merged into one tree rooted at its last token and cut to what pays."""
         t = time.perf_counter()
-        proposals = self._usable(propose(drafts, seq), len(seq)) if config.budget > 0 else []
+        # a tree keeps `budget` nodes: a proposal's nodes past its `budget` likeliest would not be kept, and each
+        # costs the merge's Python work
+        found = [p.prefix(config.budget) for p in propose(drafts, seq)] if config.budget > 0 else []
+        proposals = self._usable(found, len(seq))
         tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
         if config.fit_to_cost:
             tree = self.costs.choose(tree)
