@@ -18,7 +18,7 @@ Rules:
   runs straight; above the largest seen it runs on straight from (1 row, 1) through it: rows nobody timed are
   assumed to cost what the timed ones did each, not what the seed said (a flat seed on a steep CPU would otherwise
   let big trees through again and again).
-- Trees shrink when they do not pay, down to plain steps; every PROBE_EVERY steps one step verifies the tree up to
+- Trees shrink when they do not pay, down to plain steps; every PROBE_EVERY drafted trees one step verifies the tree up to
   the next bucket above the size that pays (a growth probe), so a curve that flattens again is seen; drafts that
   would not pay even where rows are cheapest, or hold less than PROBE_GAIN expected tokens (a source
   always wrong), are never probed.
@@ -45,7 +45,9 @@ WINDOW = 12  # corrections kept per bucket: the last few dozen steps decide
 REFERENCE_KEPT = 8  # plain step times the reference is the median of
 REFERENCE_AGE = 24  # steps: a plain step older than this is no reference (the load may have changed since)
 STABLE = 1.5  # two plain steps further apart than this bracket a change of load: the tree steps between are dropped
-PROBE_EVERY = 24  # steps between growth probes
+# drafted trees between growth probes (not steps: where the draft gate keeps steps plain, a probe every PROBE_EVERY
+# steps would make nearly every drafted step one)
+PROBE_EVERY = 24
 # steps after which what a step taught is forgotten: a bucket fed only by growth probes (trees shrunk below it) keeps
 # its last few, so that a few probes after the load has gone outvote what it taught
 EXPIRE = 5 * PROBE_EVERY
@@ -101,7 +103,8 @@ class StepCosts:
         self._plain: deque[tuple[int, float]] = deque(maxlen=REFERENCE_KEPT)  # (step number, seconds)
         self._pending: list[tuple[int, int, float]] = []  # tree steps since the last plain one: (step, rows, seconds)
         self.steps = 0  # steps recorded
-        self._probed = 0  # step number of the last growth probe
+        self.trees = 0  # drafted trees chosen
+        self._probed = 0  # `trees` at the last growth probe
         self.probes = 0  # growth probes run
         self.references = 0  # reference probes run
         self.probing = False  # the last tree chosen is a probe (growth or reference), not the size that pays
@@ -242,6 +245,7 @@ class StepCosts:
         self.probing = False
         if len(tree) == 1 or not self.learn:
             return fit_to_cost(tree, self._seed.curve)
+        self.trees += 1
         curve = self.curve()
         last_plain = self._plain[-1][0] if self._plain else 0  # a fresh decoder runs its seed's trees a while first
         if self.steps - last_plain >= REFERENCE_AGE:
@@ -249,10 +253,10 @@ class StepCosts:
             self.probing = True
             return tree.prefix(1)
         fitted = fit_to_cost(tree, curve)
-        if len(fitted) < len(tree) and self.steps - self._probed >= PROBE_EVERY:
+        if len(fitted) < len(tree) and self.trees - self._probed >= PROBE_EVERY:
             worth = len(fit_to_cost(tree, CHEAP))
             if sum(tree.shares[len(fitted) : worth]) >= PROBE_GAIN:
-                self._probed = self.steps
+                self._probed = self.trees
                 self.probes += 1
                 self.probing = True
                 grown = KNOTS[min(_knot(len(fitted)) + 1, len(KNOTS) - 1)]

@@ -44,12 +44,35 @@ def names(kernel, folder, level=LEVEL):
             for flags in kernel.variants(level)]
 
 
-def plant(kernel, target, marker):
-    """A working library of `kernel` with a constructor that writes `marker`: what another user would leave."""
-    src = target.parent.parent / f"planted-{kernel.stem}.c"
-    src.write_text(kernel.source + '\n#include <stdio.h>\n__attribute__((constructor)) static void planted(void)'
-                   f' {{ FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("planted", f); fclose(f); }} }}\n')
-    subprocess.run([cc, *kernel.variants(LEVEL)[0], str(src), "-o", str(target), *kernel.libs], check=True)
+MARKER = "REST_LSP_TEST_PLANTED_MARKER"  # the file a planted library's constructor writes, named at load time
+
+
+@pytest.fixture(scope="module")
+def planted_builds(tmp_path_factory) -> dict[str, object]:
+    """Per kernel, one planted library built for the module (a build of the quant kernel takes half a minute on a
+    slow CPU): each test copies it under the names it plants."""
+    return {"folder": tmp_path_factory.mktemp("planted")}
+
+
+@pytest.fixture
+def plant(planted_builds, monkeypatch):
+    """plant(kernel, target, marker): a working library of `kernel` at `target` with a constructor that writes
+    `marker`: what another user would leave."""
+
+    def put(kernel, target, marker):
+        monkeypatch.setenv(MARKER, str(marker))
+        built = planted_builds.get(kernel.stem)
+        if built is None:
+            folder = planted_builds["folder"]
+            src = folder / f"planted-{kernel.stem}.c"
+            src.write_text(kernel.source + '\n#include <stdio.h>\n#include <stdlib.h>\n__attribute__((constructor)) '
+                           f'static void planted(void) {{ const char *m = getenv("{MARKER}"); FILE *f = m ? fopen(m, '
+                           '"w") : 0; if (f) { fputs("planted", f); fclose(f); } }\n')
+            built = planted_builds[kernel.stem] = folder / f"planted-{kernel.stem}.so"
+            subprocess.run([cc, *kernel.variants(LEVEL)[0], str(src), "-o", str(built), *kernel.libs], check=True)
+        shutil.copy(built, target)  # with its mode, as the compiler left it
+
+    return put
 
 
 def warnings_of(caplog):
@@ -67,7 +90,7 @@ def test_what_is_built_is_private_and_its_hash_recorded(kernel, tmp_path):
 
 @needs_cc
 @pytest.mark.parametrize("mode", [0o775, 0o757])
-def test_a_folder_others_may_write_is_refused_and_nothing_in_it_runs(kernel, tmp_path, caplog, mode):
+def test_a_folder_others_may_write_is_refused_and_nothing_in_it_runs(kernel, tmp_path, caplog, mode, plant):
     kernels = folder_of(tmp_path)
     kernels.mkdir(parents=True)
     marker = tmp_path / "ran"
@@ -86,7 +109,7 @@ def test_a_folder_others_may_write_is_refused_and_nothing_in_it_runs(kernel, tmp
 
 @needs_cc
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a file away needs root")
-def test_a_folder_of_another_user_is_refused_and_nothing_in_it_runs(kernel, tmp_path, caplog):
+def test_a_folder_of_another_user_is_refused_and_nothing_in_it_runs(kernel, tmp_path, caplog, plant):
     """A shared cache folder someone else made (here owned by nobody, mode 700)."""
     kernels = folder_of(tmp_path)
     kernels.mkdir(parents=True, mode=0o700)
@@ -104,7 +127,7 @@ def test_a_folder_of_another_user_is_refused_and_nothing_in_it_runs(kernel, tmp_
 
 @needs_cc
 @pytest.mark.parametrize("how", ["replaced", "no record", "a link"])
-def test_a_library_that_is_not_the_one_built_is_built_again_not_loaded(kernel, tmp_path, caplog, how):
+def test_a_library_that_is_not_the_one_built_is_built_again_not_loaded(kernel, tmp_path, caplog, how, plant):
     kernels = folder_of(tmp_path)
     kernels.mkdir(parents=True, mode=0o700)
     target = names(kernel, kernels)[0]
