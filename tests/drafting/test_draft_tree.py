@@ -140,3 +140,21 @@ def test_a_node_the_walk_reaches_outside_the_batch_brings_the_likeliest_nodes_be
     assert calls == [3, 1]  # 1 with 2 and 3; then 4 alone
     for n, value in got.items():
         assert torch.equal(value, real(hidden[n : n + 1])[0].float())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_proposal_cut_to_the_budget_gives_the_same_tree(seed):
+    """The decoder merges each proposal's `budget` likeliest nodes only (Proposal.prefix): a proposal lists its nodes
+    best first, so the tree of its likeliest `budget` is as likely node by node as the tree of all of it (the same
+    tree but where nodes tie at the cut: either may be kept)."""
+    from rest_lsp.drafting.drafts import Proposal
+
+    rnd = random.Random(seed)
+    conts = [(tuple(rnd.randrange(6) for _ in range(rnd.randint(1, 8))), float(rnd.randint(1, 9)))
+             for _ in range(rnd.randint(1, 30))]
+    prop = Proposal.from_continuations("src", 3, conts)
+    for budget in (1, 4, 16):
+        cut = prop.prefix(budget)
+        assert len(cut) == min(budget, len(prop)) and all(p < i for i, p in enumerate(cut.parents))
+        cut_tree, whole_tree = build_tree(7, [cut], budget), build_tree(7, [prop], budget)
+        assert sorted(cut_tree.shares) == pytest.approx(sorted(whole_tree.shares))
