@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 SITUATIONS = ("first", "after", "cold")
 ALPHA = 1 / 16  # least weight of the newest gain in a situation's average (a plain mean of the first 16)
-MIN_SEEN = 4  # drafted steps a situation is judged on at least (an early loss is cheap to undo: the first
-# explorations weigh 1/n in its mean)
+MIN_SEEN = 8  # drafted steps a situation is judged on at least (after 4, a 24-token generation of repeated text
+# closed it before its drafts were accepted: tests/commands/test_cli.py)
 EXPLORE = 4  # a losing situation drafts one step in this many, doubling while it loses
 EXPLORE_MAX = 16  # at most: a losing situation still learns from one step in 16 (and costs plain at most a 16th of
 # its drafting work)
