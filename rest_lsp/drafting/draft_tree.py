@@ -144,6 +144,13 @@ def build_tree(
     return DraftTree(out_tokens, out_parents, out_depths, tuple(out_shares), tuple(out_votes), tuple(out_chances))
 
 
+def cost_at(cost: Sequence[float], k: int) -> float:
+    """cost[k], its last segment extended beyond the table."""
+    if k < len(cost):
+        return cost[k]
+    return cost[-1] + (cost[-1] - cost[-2]) * (k - len(cost) + 1)
+
+
 def fit_to_cost(tree: DraftTree, cost: Sequence[float], trust: float = 1.0) -> DraftTree:
     """Keep the first n drafts that maximise expected tokens per unit of time:
     (1 + trust * sum of node probabilities) / cost(n+1); `trust` scales them further (1: take them as they are).
@@ -153,17 +160,11 @@ def fit_to_cost(tree: DraftTree, cost: Sequence[float], trust: float = 1.0) -> D
     curve is flat and the whole tree is kept; on a CPU a weak match gets a small tree or none.
     """
 
-    def at(k: int) -> float:
-        if k < len(cost):
-            return cost[k]
-        slope = cost[-1] - cost[-2]  # beyond the table: extend its last segment
-        return cost[-1] + slope * (k - len(cost) + 1)
-
     best_n, best, gain = 0, 1.0, 1.0
     for n in range(1, len(tree)):
         gain += trust * tree.shares[n]
-        if gain / at(n + 1) > best:
-            best_n, best = n, gain / at(n + 1)
+        if gain / cost_at(cost, n + 1) > best:
+            best_n, best = n, gain / cost_at(cost, n + 1)
     if best_n == len(tree) - 1:
         return tree
     return tree.prefix(best_n + 1)

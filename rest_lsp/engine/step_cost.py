@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from rest_lsp.drafting.draft_tree import DraftTree, fit_to_cost
+from rest_lsp.drafting.draft_tree import DraftTree, cost_at, fit_to_cost
 from rest_lsp.engine.runmode import cost_curve
 
 # Row-count buckets, by their largest row count: a step of k rows is learned in the first knot >= k.
@@ -83,10 +83,7 @@ class Seed:
     weight: int  # pseudo-corrections of 1 behind it
 
     def at(self, k: int) -> float:
-        if k < len(self.curve):
-            return self.curve[k]
-        slope = self.curve[-1] - self.curve[-2]  # beyond the table: its last segment, extended
-        return self.curve[-1] + slope * (k - len(self.curve) + 1)
+        return cost_at(self.curve, k)
 
 
 class StepCosts:
@@ -215,8 +212,7 @@ class StepCosts:
 
     def cost(self, k: int) -> float:
         """cost(k) on the learned curve (its last segment extended past it)."""
-        curve = self.curve()
-        return curve[k] if k < len(curve) else curve[-1] + (curve[-1] - curve[-2]) * (k - len(curve) + 1)
+        return cost_at(self.curve(), k)
 
     def seen(self) -> dict[int, tuple[int, float]]:
         """Per bucket with steps seen: (steps in its window, its learned cost ratio at the knot)."""
