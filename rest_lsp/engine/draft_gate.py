@@ -2,7 +2,7 @@
 
 `fit_to_cost` weighs a tree's rows against what its drafts promise, but drafting itself is not free: asking the
 sources, building and cutting the tree and teaching the learners is Python work on every step, paid whether the tree
-pays or not (on a CPU, a tenth of a small model's step), and promises can be too high. So after every drafted step the
+pays or not (on a slow CPU, a good part of a small model's step: docs/LOG.md), and promises can be too high. So after every drafted step the
 decoder reports what drafting brought and what it cost, in plain steps:
 
     gain = accepted drafts - (cost(rows) - 1) - drafting seconds / plain step seconds
