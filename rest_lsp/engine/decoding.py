@@ -214,9 +214,9 @@ def top_successors(logits: torch.Tensor, k: int = SUCCESSORS) -> tuple[list[list
     return ids.tolist(), ((values - peak).exp() / total).tolist()
 
 
-def _learned_costs(path: Path, key: dict) -> list[float] | None:
-    """The step-cost curve an earlier decoder of this `key` learned and kept in `path` (save_learned_costs); None
-    when there is none, or it is unreadable, another key's or not a curve (then with one log line)."""
+def _kept_learned(path: Path, key: dict) -> dict | None:
+    """What an earlier decoder of this `key` learned and kept in `path` (save_learned); None when there is none, or
+    it is unreadable or another key's (then with one log line)."""
     try:
         data = json.loads(read_bytes(path))  # only a file of this user's alone (cache_dir)
     except (FileNotFoundError, NotADirectoryError):
@@ -224,10 +224,20 @@ def _learned_costs(path: Path, key: dict) -> list[float] | None:
     except (OSError, UnicodeDecodeError, ValueError) as err:
         log.warning("The learned step cost %s is not used (%s); the steps run teach it again.", path, err)
         return None
-    curve = step_cost.from_learned_json(data) if isinstance(data, dict) and data.get("key") == key else None
+    if not isinstance(data, dict) or data.get("key") != key:
+        log.warning("The learned step cost %s is another machine's, model's or mode's; the steps run teach it again.",
+                    path)
+        return None
+    return data
+
+
+def _learned_costs(path: Path, kept: dict) -> list[float] | None:
+    """The step-cost curve in what was kept (None when it holds none; a damaged one with one log line)."""
+    if "curve" not in kept:
+        return None
+    curve = step_cost.from_learned_json(kept)
     if curve is None:
-        log.warning("The learned step cost %s is another machine's, model's or mode's, or not a curve; the steps run "
-                    "teach it again.", path)
+        log.warning("The learned step cost %s is not a curve; the steps run teach it again.", path)
     return curve
 
 
@@ -411,27 +421,35 @@ class Decoder:
         root = cache_root() if cache_dir is None else cache_dir
         key = calibration_key(self.model, self.name, self.device, self.dtype, self.engine, self.kernel)
         self._learned_file = (cache_file(root, key, prefix=LEARNED_PREFIX), key)
+        kept = _kept_learned(*self._learned_file) or {}
+        # where drafting paid here: a restart does not learn it again at a loss (a gate that has learned this run's
+        # steps is not replaced by an older start's)
+        if self.gate.learned_json() is None and (gate := DraftGate.from_learned_json(kept.get("gate"))) is not None:
+            self.gate = gate
         if found is not None:
             self.run, self.calibration = self.run.measured(found.curve), found
             # timings from busy cores (not kept) are a seed the first steps outvote
             self.costs.seed(found.curve, "measured", None if found.path is not None else step_cost.GUESSED_WEIGHT)
-        elif self.device.type == "cpu" and (learned := _learned_costs(*self._learned_file)) is not None:
+        elif self.device.type == "cpu" and (learned := _learned_costs(self._learned_file[0], kept)) is not None:
             self.costs.seed(learned, "learned here")
         elif self.device.type == "cpu" and (two := _mode_choice_steps(self.name, self.device, self.mode, root)):
             self.costs.seed(seed_from_two(two[0], mode_choice.TREE, two[1]), "mode choice")
         return found
 
-    def save_learned_costs(self) -> None:
-        """Keep the step-cost curve the steps taught (step_cost.StepCosts.learned_json) where `calibrate` looked for
-        one, for the next start on this machine, model, mode and kernel: nothing before `calibrate` or before a tree
-        step taught anything. A failure costs only the next start's seed (one log line)."""
+    def save_learned(self) -> None:
+        """Keep what the steps taught where `calibrate` looked for it, for the next start on this machine, model,
+        mode and kernel: the step-cost curve (step_cost.StepCosts.learned_json) and where drafting paid
+        (DraftGate.learned_json). Nothing before `calibrate` or before a step taught anything. A failure costs only
+        the next start's seed (one log line)."""
         if self._learned_file is None:
             return
         try:
-            learned = self.costs.learned_json()
+            learned = self.costs.learned_json() or {}
         except RuntimeError:  # a step recorded meanwhile (a replaced model finishing a request): not kept this time
             return
-        if learned is None:
+        if (gate := self.gate.learned_json()) is not None:
+            learned["gate"] = gate
+        if not learned:
             return
         path, key = self._learned_file
         try:

@@ -22,6 +22,7 @@ which trees are verified never changes what the walk accepts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 SITUATIONS = ("first", "after", "cold")
@@ -83,6 +84,31 @@ class DraftGate:
             s.explore = EXPLORE
         elif not was:  # an exploring step confirmed the loss: explore less often
             s.explore = min(EXPLORE_MAX, 2 * s.explore)
+
+    def learned_json(self) -> dict | None:
+        """What the gate learned, for the next start on this machine and model (per situation its average gain and
+        the drafted steps behind it); None before a drafted step taught it anything."""
+        if not any(s.seen for s in self.situations.values()):
+            return None
+        return {name: {"gain": round(s.gain, 4), "seen": s.seen} for name, s in self.situations.items()}
+
+    @classmethod
+    def from_learned_json(cls, data) -> "DraftGate | None":
+        """A gate that starts from what an earlier one learned (`learned_json`), checked; None for anything else.
+        Each situation counts at most MIN_SEEN steps behind its average, so this start's own steps soon outvote the
+        last one's (a workspace whose drafts pay more reopens a closed situation within a few explorations)."""
+        if not isinstance(data, dict) or set(data) != set(SITUATIONS):
+            return None
+        gate = cls()
+        for name, kept in data.items():
+            if not isinstance(kept, dict):
+                return None
+            gain, seen = kept.get("gain"), kept.get("seen")
+            if (not isinstance(gain, (int, float)) or isinstance(gain, bool) or not math.isfinite(gain)
+                    or not isinstance(seen, int) or isinstance(seen, bool) or seen < 0):
+                return None
+            gate.situations[name] = _Situation(gain=float(gain), seen=min(seen, MIN_SEEN))
+        return gate
 
     def describe(self) -> dict:
         """JSON for a stats reply: per situation its average gain (plain steps a drafted step saves), the drafted

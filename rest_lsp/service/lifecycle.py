@@ -47,7 +47,7 @@ class ServingModel:
             self.decoder.acceptance.save(path, key)
         except OSError as err:
             log.warning("rest-lsp: could not save the learned acceptance table %s: %s", path, err)
-        self.decoder.save_learned_costs()
+        self.decoder.save_learned()
 
     @property
     def tokenizer_key(self) -> str:

@@ -130,3 +130,55 @@ def test_a_fixed_budget_drafts_every_step():
     source = Source(clock, [], False, 0.004, loaded.model.config.vocab_size)
     result = decoder.generate(prompt, source, DecodeConfig(max_new_tokens=60, budget=8, fit_to_cost=False))
     assert source.asked == result.steps
+
+
+# -- kept across restarts --------------------------------------------------------------------------------------------
+def test_what_the_gate_learned_is_kept_checked_and_soon_outvoted():
+    gate = DraftGate()
+    assert gate.learned_json() is None  # nothing taught: nothing to keep
+    drafted_steps(gate, "cold", -0.3, 300)
+    drafted_steps(gate, "after", 0.5, 40)
+    kept = DraftGate.from_learned_json(gate.learned_json())
+    assert not kept.paying("cold") and kept.paying("after") and kept.paying("first")
+    assert kept.describe()["cold"]["seen"] == draft_gate.MIN_SEEN  # counted as a few steps, not 300
+    # a workspace whose drafts pay: the closed situation drafts again after a few explorations
+    explored = 0
+    while not kept.paying("cold"):
+        if kept.drafts("cold"):
+            explored += 1
+            kept.report("cold", 1, 0.3, 0.001, 0.01)
+    assert explored <= 6, explored
+    for bad in (None, [], {}, {"cold": {"gain": 0.1, "seen": 3}},
+                {s: {"gain": float("nan"), "seen": 3} for s in draft_gate.SITUATIONS},
+                {s: {"gain": 0.1, "seen": -1} for s in draft_gate.SITUATIONS},
+                {s: {"gain": "0.1", "seen": 3} for s in draft_gate.SITUATIONS},
+                {s: {"gain": 0.1, "seen": True} for s in draft_gate.SITUATIONS}):
+        assert DraftGate.from_learned_json(bad) is None, bad
+
+
+def test_a_restarted_decoder_starts_from_where_drafting_paid_here(tmp_path):
+    """A server that learned a useless source does not pay for learning it again after a restart; a decoder that
+    has learned this run's steps keeps them when it looks for a kept state again."""
+    loaded = tiny_model("llama")
+    prompt = [random.Random(3).randrange(97) for _ in range(24)]
+    vocab = loaded.model.config.vocab_size
+
+    def asked_in_one_request(decoder: Decoder) -> int:
+        decoder.reset()
+        source = Source(Clock(decoder), [], False, 0.004, vocab)
+        decoder.generate(prompt, source, DecodeConfig(max_new_tokens=40, budget=8))
+        return source.asked
+
+    before = Decoder(loaded)
+    before.calibrate(tmp_path, measure=False)
+    for _ in range(6):
+        asked_in_one_request(before)
+    assert not before.gate.paying("cold")
+    before.save_learned()
+    after, fresh = Decoder(loaded), Decoder(loaded)
+    after.calibrate(tmp_path, measure=False)
+    assert not after.gate.paying("cold")
+    assert asked_in_one_request(after) < asked_in_one_request(fresh) / 2
+    learned = after.gate.describe()
+    after.calibrate(tmp_path, measure=False)  # a later look (an idle calibration) replaces nothing learned since
+    assert after.gate.describe() == learned

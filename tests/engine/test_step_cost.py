@@ -235,7 +235,7 @@ def test_the_curve_the_steps_taught_seeds_the_next_start_on_this_machine(tmp_pat
     rows are dear its first completion already runs plain steps."""
     before, prompt, truth = learned_steep(tmp_path)
     assert before.costs.source == "conservative" and before.step_cost[2] > 1.5
-    before.save_learned_costs()
+    before.save_learned()
     after = Decoder(tiny_model("llama"))
     assert after.costs.source == "conservative"
     after.calibrate(tmp_path, measure=False)
@@ -251,12 +251,12 @@ def test_the_curve_the_steps_taught_seeds_the_next_start_on_this_machine(tmp_pat
 
 def test_nothing_is_kept_before_a_tree_step_taught_something_or_for_another_model(tmp_path):
     decoder = Decoder(tiny_model("llama"))
-    decoder.save_learned_costs()  # before calibrate: nowhere to keep it
+    decoder.save_learned()  # before calibrate: nowhere to keep it
     decoder.calibrate(tmp_path, measure=False)
-    decoder.save_learned_costs()  # nothing learned: the seed is not kept as if it were
+    decoder.save_learned()  # nothing learned: the seed is not kept as if it were
     assert not list(tmp_path.rglob(f"{decoding.LEARNED_PREFIX}*"))
     learned, _, _ = learned_steep(tmp_path)
-    learned.save_learned_costs()
+    learned.save_learned()
     assert len(list(tmp_path.rglob(f"{decoding.LEARNED_PREFIX}*"))) == 1
     other = Decoder(tiny_model("qwen2"))  # another model: another key, another file
     other.calibrate(tmp_path, measure=False)
@@ -268,7 +268,7 @@ def test_a_damaged_or_foreign_learned_curve_is_not_used(tmp_path, caplog, damage
     import json
 
     learned, _, _ = learned_steep(tmp_path)
-    learned.save_learned_costs()
+    learned.save_learned()
     (path,) = tmp_path.rglob(f"{decoding.LEARNED_PREFIX}*")
     data = json.loads(path.read_text())
     if damage == "not json":
@@ -299,5 +299,5 @@ def test_a_save_while_a_step_is_recorded_keeps_nothing_and_raises_nothing(tmp_pa
         raise RuntimeError("deque mutated during iteration")
 
     monkeypatch.setattr(learned.costs, "learned_json", busy)
-    learned.save_learned_costs()
+    learned.save_learned()
     assert not list(tmp_path.rglob(f"{decoding.LEARNED_PREFIX}*"))
