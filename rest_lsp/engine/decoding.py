@@ -826,21 +826,22 @@ class Decoder:
             if cancelled is not None and cancelled():  # before each step too, not only between prefill passes
                 finish = "stopped"
                 break
+            # draft: a tree where drafting pays in this situation, else the root alone (a plain step)
             situation = DraftGate.situation(steps == 0, accepted_drafts)
             drafting = config.budget > 0 and (not config.fit_to_cost or self.gate.drafts(situation))
-            started = self.clock()
+            work_s = self.clock()
             tree = self._draft(seq, drafts, config, clock) if drafting else self._root(seq)
-            drafted_s = self.clock() - started
+            work_s = self.clock() - work_s
+            # verify and accept: one pass, the longest agreed path
             self._match_rope(seq)
             base = self._cache_length()
             accepted, path, logits_at = self._verify_and_accept(tree, chain, config, gen)
             computed, steps = computed + len(chain), steps + 1
-            started = self.clock()
-            self._learn(drafts if recycle and drafting else None, tree, path, accepted, logits_at)
+            # update: the learners, the gate, the cache
+            work_s += self._learn(drafts if recycle and drafting else None, tree, path, accepted, logits_at)
             accepted_drafts = len(accepted) - 1
-            if drafting and config.fit_to_cost and not self.costs.probing:  # a probe is the curve's, not the drafts'
-                self.gate.report(situation, accepted_drafts, self.costs.cost(len(tree)) - 1.0,
-                                 drafted_s + self.clock() - started, self.costs.reference_s())
+            if drafting:
+                self._judge(situation, config, tree, accepted_drafts, work_s)
             accepted = accepted[: config.max_new_tokens - len(new)]
             self._commit(base, chain, seq, tree, path, accepted)
             chain = []
@@ -892,12 +893,23 @@ class Decoder:
         return accepted, path, logits_at
 
     def _learn(self, recycle: DraftSource | None, tree: DraftTree, path: list[int], accepted: list[int],
-               logits_at: Callable[[int], torch.Tensor]) -> None:
+               logits_at: Callable[[int], torch.Tensor]) -> float:
         """What the walk taught: how often each source's nodes are accepted, and (Token Recycling) the model's
-        likeliest successors at the nodes it visited."""
+        likeliest successors at the nodes it visited. Returns the seconds it took (drafting's work)."""
+        started = self.clock()
         self._observe(tree, path, accepted)
         if recycle is not None:
             self._recycle(recycle, tree, path, logits_at)
+        return self.clock() - started
+
+    def _judge(self, situation: str, config: DecodeConfig, tree: DraftTree, accepted_drafts: int,
+               work_s: float) -> None:
+        """Tell the gate what a drafted step brought: its accepted drafts, less its extra rows' cost and drafting's
+        `work_s`, in plain steps. Fixed trees are not gated, and a step-cost probe is the curve's exploration, not
+        the drafts'."""
+        if config.fit_to_cost and not self.costs.probing:
+            self.gate.report(situation, accepted_drafts, self.costs.cost(len(tree)) - 1.0, work_s,
+                             self.costs.reference_s())
 
     def _commit(self, base: int, chain: list[int], seq: list[int], tree: DraftTree, path: list[int],
                 accepted: list[int]) -> None:
