@@ -299,6 +299,31 @@ INLINE const uint8_t *unpack(const uint8_t *wb, int width, uint8_t *ub) {
     }
     return ub;
 }
+/* one vector of `unpack`'s output, group g's half h (its columns 8 h .. 8 h + 7), made from the packed block in
+   registers: the same bytes, for a single row, which takes each of them once (a 4-, 5- or 6-bit block) */
+INLINE __m256i unpacked(const uint8_t *wb, int width, int g, int h) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 64 * (g / 2) + 32 * h));
+    __m256i u = _mm256_and_si256(g % 2 ? _mm256_srli_epi16(v, 4) : v, low);
+    if (width == 5) {
+        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        int32_t mask;
+        memcpy(&mask, wb + 256 + 8 * g + 4 * h, 4);
+        __m256i e = _mm256_shuffle_epi8(_mm256_set1_epi32(mask), pick);
+        u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(e, bit), bit),
+                                                _mm256_set1_epi8(0x10)));
+    }
+    if (width == 6) {
+        __m256i c = _mm256_loadu_si256((const __m256i *)(wb + 256 + 64 * (g / 4) + 32 * h));
+        int i = g % 4;
+        __m256i e = i == 0 ? _mm256_slli_epi16(c, 4) : i == 1 ? _mm256_slli_epi16(c, 2) : i == 2 ? c
+                  : _mm256_srli_epi16(c, 2);
+        u = _mm256_or_si256(u, _mm256_and_si256(e, _mm256_set1_epi8(0x30)));
+    }
+    return u;
+}
 INLINE __m256 half8(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 INLINE __m256 int8x8(const int8_t *c) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
@@ -372,10 +397,11 @@ INLINE void block_sums(const uint8_t *u, int fmt, int R, const int8_t *const *xr
 /* a block made ready for a tile of R rows. 8 bits: the signed quants w = byte ^ 0x80 at ub [512..1023] and their
    magnitudes |w| at ub [0..511] (`vpmaddubsw` multiplies |w|, unsigned, with x signed as w: pairs of products in
    int16, |.| <= 2 x 128 x 127, no saturation); for one row the block as it is (`block_sums` makes w and |w| on the
-   fly). 4, 5 and 6 bits: the bytes q + OFFSET (at most 63) at ub [0..511] */
+   fly). 4, 5 and 6 bits: the bytes q + OFFSET (at most 63) at ub [0..511]; for one row the block as it is
+   (`block_sums` unpacks each vector in registers as it takes it: no store and load back) */
 INLINE const uint8_t *ready(const uint8_t *wb, int fmt, int R, uint8_t *ub) {
-    if (WIDTH(fmt) != 8) return unpack(wb, WIDTH(fmt), ub);
     if (R == 1) return wb;
+    if (WIDTH(fmt) != 8) return unpack(wb, WIDTH(fmt), ub);
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     for (int v = 0; v < 16; v++) {
         __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 * v)), flip);
@@ -421,7 +447,7 @@ INLINE void block_sums(const uint8_t *u, int fmt, int R, const int8_t *const *xr
             __m256i x[4];
             GROUPS(x, xr, NR, g)
             for (int h = 0; h < 2; h++) {
-                __m256i w = WEIGHTS(u, g, h);
+                __m256i w = R == 1 ? unpacked(u, WIDTH(fmt), g, h) : WEIGHTS(u, g, h);
                 for (int r = 0; r < NR; r++) {
                     __m256i pr = _mm256_maddubs_epi16(w, x[r]);
                     p[r][h] = g == g0 ? pr : _mm256_add_epi16(p[r][h], pr);
