@@ -81,19 +81,25 @@ def _rope_theta(cfg) -> float:
 
 @dataclass(frozen=True)
 class Norm:
-    """An RMSNorm's weight, and in fp32 the same weight twice (the layer-norm route of `LeanLlama._rms`)."""
+    """An RMSNorm's weight, and in fp32 the same weight twice (the layer-norm route of `rms_norm`) and whether the
+    native op runs it (step_ops.rms_norm: on a CPU where the step's native ops are had)."""
 
     weight: torch.Tensor  # [H], the model's own tensor
     doubled: torch.Tensor | None  # [2H]
+    native: bool = False
 
     @classmethod
     def of(cls, weight: torch.Tensor) -> "Norm":
-        doubled = torch.cat([weight.detach(), weight.detach()]) if weight.dtype == torch.float32 else None
-        return cls(weight, doubled)
+        fp32 = weight.dtype == torch.float32
+        doubled = torch.cat([weight.detach(), weight.detach()]) if fp32 else None
+        return cls(weight, doubled, fp32 and weight.device.type == "cpu" and _native_step_ops())
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: Optional[torch.Tensor], eps: float,
+             native: bool = False) -> torch.Tensor:
     """RMSNorm over the last dim of x [n, H], as transformers computes it (to rounding)."""
+    if native and doubled is not None:  # one native call for a row's few ops (step_ops.rms_norm)
+        return torch.ops.rest_lsp_step.rms_norm(x.contiguous(), weight, doubled, eps)
     if doubled is not None:
         # fp32: RMSNorm is LayerNorm over [x, -x] (mean 0, the same mean square), one kernel where torch's
         # rms_norm is six ops on a CPU, 61 calls a step; the same to rounding
@@ -122,14 +128,16 @@ class _Layer(torch.nn.Module):
 
     in_doubled: Optional[torch.Tensor]
     post_doubled: Optional[torch.Tensor]
+    in_native: bool
+    post_native: bool
 
     def __init__(self, norm_in: Norm, qkv: Matmul, o: Matmul, norm_post: Norm, gate_up: Matmul, down: Matmul,
                  source: int, shape: tuple[int, int, int], eps: float, score_scale: float, row_exact: bool = False):
         super().__init__()
-        self.in_weight, self.in_doubled = norm_in.weight, norm_in.doubled
+        self.in_weight, self.in_doubled, self.in_native = norm_in.weight, norm_in.doubled, norm_in.native
         self.qkv = qkv  # [(Hq + 2 Hkv) D, H], the query rows scaled by 1/sqrt(D) when that is exact
         self.o = o  # [H, Hq D]
-        self.post_weight, self.post_doubled = norm_post.weight, norm_post.doubled
+        self.post_weight, self.post_doubled, self.post_native = norm_post.weight, norm_post.doubled, norm_post.native
         self.gate_up = gate_up  # [2 I, H]
         self.down = down  # [H, I]
         self.source = source  # where the model's q/k/v weights are (fused): built from them while they stay there
@@ -154,7 +162,7 @@ class _Layer(torch.nn.Module):
         and `mask` [n, keys - mask_from] is added to the scores of the key columns from `mask_from` on."""
         n = x.shape[0]
         Hq, Hkv, D = self.heads, self.kv_heads, self.head_dim
-        h = rms_norm(x, self.in_weight, self.in_doubled, self.eps)
+        h = rms_norm(x, self.in_weight, self.in_doubled, self.eps, self.in_native)
         qkv = self.qkv(h)  # [n, (Hq + 2 Hkv) D]
         if self.fused_rope:  # what the torch ops below do, in one call
             q = torch.ops.rest_lsp_step.rope_cache(qkv.contiguous(), cos, sin, k_cache, v_cache, past,
@@ -176,7 +184,7 @@ class _Layer(torch.nn.Module):
         else:
             out = self._attention(q, k_cache, v_cache, keys, mask, mask_from)
         x += self.o(out)  # x is the pass's own tensor (the embedding lookup copied it)
-        h = rms_norm(x, self.post_weight, self.post_doubled, self.eps)
+        h = rms_norm(x, self.post_weight, self.post_doubled, self.eps, self.post_native)
         gate_up = self.gate_up(h)  # [n, 2 I]
         inner = gate_up.shape[1] // 2
         x += self.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
@@ -213,11 +221,12 @@ class LayerStack(torch.nn.Module):
     results bit for bit."""
 
     norm_doubled: Optional[torch.Tensor]
+    norm_native: bool
 
     def __init__(self, layers: list[_Layer], norm: Norm, eps: float):
         super().__init__()
         self.layers = torch.nn.ModuleList(layers)
-        self.norm_weight, self.norm_doubled = norm.weight, norm.doubled
+        self.norm_weight, self.norm_doubled, self.norm_native = norm.weight, norm.doubled, norm.native
         self.eps = eps
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -225,7 +234,7 @@ class LayerStack(torch.nn.Module):
                 mask_from: int) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, k[i], v[i], rows, past, keys, mask, mask_from)
-        return rms_norm(x, self.norm_weight, self.norm_doubled, self.eps)  # [n, H]
+        return rms_norm(x, self.norm_weight, self.norm_doubled, self.eps, self.norm_native)  # [n, H]
 
 
 def scripted(stack: LayerStack) -> torch.jit.ScriptModule | None:
@@ -434,7 +443,7 @@ class LeanLlama:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
 
     def _rms(self, x: torch.Tensor, norm: Norm) -> torch.Tensor:
-        return rms_norm(x, norm.weight, norm.doubled, self.eps)
+        return rms_norm(x, norm.weight, norm.doubled, self.eps, norm.native)
 
     _rotate = staticmethod(rotate)
 

@@ -5,8 +5,9 @@
 
    The kernels' arithmetic is not here: each op checks its tensors (dtype, device, dims, layout) the way the Python
    wrappers do, then calls the kernel library's own entry point (quant_matmul.c, panel_matmul.c, row_attention.c),
-   bound by `step_bind`, with every buffer's extent, as the Python wrappers call it. One op does its own: rope_cache,
-   a layer's rotation and cache writes, the same IEEE operations as the torch ops it replaces. A refusal is a C++
+   bound by `step_bind`, with every buffer's extent, as the Python wrappers call it. Two ops do their own: rope_cache,
+   a layer's rotation and cache writes, the same IEEE operations as the torch ops it replaces; rms_norm, a norm's
+   few torch ops in one call, to rounding. A refusal is a C++
    exception (RuntimeError in Python) after the argument handles are released. */
 
 #include <stdint.h>
@@ -274,6 +275,36 @@ void rope_cache_boxed(StableIValue *stack, uint64_t, uint64_t) {
     stack[0] = reinterpret_cast<StableIValue>(out);
 }
 
+/* rms_norm(Tensor x, Tensor weight, Tensor doubled, float eps) -> Tensor: transformers' RMSNorm of each row of x
+   [n, H] in fp32, weight [H]: w[e] (x[e] r), r = 1 / sqrt(mean of the row's squares + eps), those two products and
+   the root rounded to fp32 as torch's ops round them. The mean of squares is summed in double, then rounded once:
+   at least as accurate as torch's fp32 reduction (or the layer-norm route the Python op takes), not bit for bit
+   either. Each row alone, in one order: a row's bits do not depend on the rows beside it. `doubled` ([2H]: the
+   weight twice) is the Python op's, unused here. */
+void rms_norm_boxed(StableIValue *stack, uint64_t, uint64_t) {
+    Arg x(stack[0]), w(stack[1]), doubled(stack[2]);
+    double eps;
+    __builtin_memcpy(&eps, &stack[3], sizeof eps);
+    const int32_t f32 = aoti_torch_dtype_float32();
+    bool ok = x.cpu_of(f32, 2) && x.contiguous() && w.cpu_of(f32, 1) && w.contiguous() && doubled.dim >= 0
+              && w.sizes[0] == x.sizes[1] && x.sizes[1] > 0 && eps >= 0.0 && x.extent(4) >= x.numel()
+              && w.extent(4) >= w.sizes[0];
+    if (!ok) throw std::runtime_error("rms_norm: the rows do not fit the weight (or are not contiguous fp32 rows)");
+    int64_t n = x.sizes[0], h = x.sizes[1];
+    AtenTensorHandle out = empty_rows(n, h);
+    const float *xs = static_cast<const float *>(x.data), *ws = static_cast<const float *>(w.data);
+    float *ys = static_cast<float *>(data_of(out));
+    for (int64_t t = 0; t < n; t++) {
+        const float *xt = xs + t * h;
+        double squares = 0.0;
+        for (int64_t e = 0; e < h; e++) squares += (double)xt[e] * (double)xt[e];
+        float mean = (float)(squares / (double)h);
+        float r = 1.0f / __builtin_sqrtf(mean + (float)eps);
+        for (int64_t e = 0; e < h; e++) ys[t * h + e] = ws[e] * (xt[e] * r);
+    }
+    stack[0] = reinterpret_cast<StableIValue>(out);
+}
+
 }  // namespace
 
 extern "C" {
@@ -293,7 +324,8 @@ void *step_register(const char *ns) {
     if (aoti_torch_library_init_impl(ns, "CPU", "step_ops.cpp", __LINE__, &lib)) return nullptr;
     if (aoti_torch_library_impl(lib, "quant_mm", quant_mm_boxed) || aoti_torch_library_impl(lib, "row_attn", row_attn_boxed)
         || aoti_torch_library_impl(lib, "panel_mm", panel_mm_boxed)
-        || aoti_torch_library_impl(lib, "rope_cache", rope_cache_boxed)) {
+        || aoti_torch_library_impl(lib, "rope_cache", rope_cache_boxed)
+        || aoti_torch_library_impl(lib, "rms_norm", rms_norm_boxed)) {
         aoti_torch_delete_library_object(lib);
         return nullptr;
     }

@@ -1,5 +1,5 @@
 """The ops a lean step calls its kernels through: `torch.ops.rest_lsp_step.quant_mm`, `.panel_mm` and `.row_attn`,
-native where they can be, and `.rope_cache`, a layer's rotation and cache writes in one native op.
+native where they can be, `.rope_cache`, a layer's rotation and cache writes in one native op, and `.rms_norm`.
 
 A 1-token step of a small model makes some 150 kernel calls (four matmuls and an attention a layer, the LM head).
 Through quant_matmul.py's and row_attention.py's ops each call leaves TorchScript for Python (the dispatcher's
@@ -9,6 +9,9 @@ through torch's stable C ABI), which check their tensors as the wrappers do and 
 with the same arguments: the same bits, without Python in between. `rope_cache` takes a layer's some dozen small
 torch ops between its q/k/v matmul and its attention (views, a roll, the rotation's products and sum, two cache
 writes) in one call, each element's operations those of the torch ops (lean_llama's `rotate`), bit for bit.
+`rms_norm` takes a norm's ops (61 calls a step of the default model, each several torch ops on a tensor of one row)
+in one call: the same formula, its mean of squares summed in double, so the same as the Python op to rounding, not
+bit for bit (a process runs one or the other for all its steps, so REST and plain still share every bit).
 
 The schemas take tensors where the wrappers take optional ones (a bias or mask of no elements stands for none):
 the stable ABI's optional arguments change form between torch versions, plain tensors do not. Where the native
@@ -40,13 +43,14 @@ SCHEMAS = {
     "row_attn": "row_attn(Tensor q, Tensor k, Tensor v, int keys, Tensor mask, int mask_from, float scale) -> Tensor",
     "rope_cache": "rope_cache(Tensor qkv, Tensor cos, Tensor sin, Tensor k_cache, Tensor v_cache, int past, "
                   "Tensor rows, int heads) -> Tensor",
+    "rms_norm": "rms_norm(Tensor x, Tensor weight, Tensor doubled, float eps) -> Tensor",
 }
 _TORCH_LIB = Path(torch.__file__).parent / "lib"
 # the torch version in the flags: a library is built again for another torch (the cache key covers every flag)
 # -ffp-contract=off: rope_cache's products and sums round where torch's ops round them
 FLAGS = ("-O2", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-Wl,--no-undefined",
          f"-DREST_LSP_TORCH={torch.__version__.replace('+', '_')}")
-LIBS = (f"-L{_TORCH_LIB}", f"-Wl,-rpath,{_TORCH_LIB}", "-ltorch_cpu", "-lc10", "-lstdc++")
+LIBS = (f"-L{_TORCH_LIB}", f"-Wl,-rpath,{_TORCH_LIB}", "-ltorch_cpu", "-lc10", "-lstdc++", "-lm")
 
 _ops = torch.library.Library(NAMESPACE, "DEF")
 for _schema in SCHEMAS.values():
@@ -105,6 +109,13 @@ def _py_rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ca
     return qk[:heads].contiguous()
 
 
+def _py_rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm in torch's ops: RMSNorm is LayerNorm over [x, -x] (mean 0, the same mean square) with the weight
+    twice (`doubled`), one kernel where torch's rms_norm is six ops on a CPU; the native op's result to rounding."""
+    H = x.shape[-1]
+    return torch.nn.functional.layer_norm(torch.cat([x, -x], dim=-1), [2 * H], doubled, None, eps)[:, :H]
+
+
 def _address(lib: ctypes.CDLL | None, name: str) -> int | None:
     return None if lib is None else ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
@@ -134,6 +145,10 @@ def _agrees() -> bool:
         want = _py_rope_cache(qkv, cos, sin, caches[1][0], caches[1][1], 4, rows, 4)
         if not (torch.equal(got, want) and torch.equal(caches[0], caches[1])):
             return False
+    x, w = torch.randn(3, 24, generator=gen), torch.randn(24, generator=gen)
+    got = torch.ops.rest_lsp_step.rms_norm(x, w, torch.cat([w, w]), 1e-6)
+    if not torch.allclose(got, _py_rms_norm(x, w, torch.cat([w, w]), 1e-6), rtol=1e-5, atol=1e-6):
+        return False  # the norm is the same to rounding, not bit for bit
     if row_attention.library() is not None:
         q, k, v = (torch.randn(*s, generator=gen) for s in ((4, 3, 16), (2, 20, 16), (2, 20, 16)))
         mask = torch.tensor([[0.0, -1e30, -1e30], [0.0, 0.0, -1e30], [0.0, -1e30, 0.0]])
@@ -175,7 +190,8 @@ def ready() -> bool:
                 native = _register_native()
                 if not native:
                     for name, fn in (("quant_mm", _py_quant_mm), ("panel_mm", _py_panel_mm),
-                                     ("row_attn", _py_row_attn), ("rope_cache", _py_rope_cache)):
+                                     ("row_attn", _py_row_attn), ("rope_cache", _py_rope_cache),
+                                     ("rms_norm", _py_rms_norm)):
                         _ops.impl(name, fn, "CPU")
                 _native = native
     return _native

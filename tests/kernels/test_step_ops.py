@@ -85,6 +85,20 @@ def test_row_attn_is_the_wrappers_attention_bit_for_bit(native, rows):
                        row_attention.row_attn(q, k, v, 30 + rows, mask, 30, 0.125))
 
 
+@pytest.mark.parametrize("width", [24, 576, 896])
+def test_rms_norm_is_transformers_norm_to_rounding_and_each_rows_own(native, width):
+    """The native norm: transformers' formula (LlamaRMSNorm in fp32) to rounding, the Python op's layer-norm route to
+    rounding, and a row's bits the same alone and among others (a tree step's rows = a plain step's)."""
+    gen = torch.Generator().manual_seed(width)
+    x, w = torch.randn(9, width, generator=gen) * 30, torch.randn(width, generator=gen)
+    got = torch.ops.rest_lsp_step.rms_norm(x, w, torch.cat([w, w]), 1e-6)
+    want = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got, step_ops._py_rms_norm(x, w, torch.cat([w, w]), 1e-6), rtol=1e-6, atol=1e-6)
+    for i in (0, 4, 8):
+        assert torch.equal(torch.ops.rest_lsp_step.rms_norm(x[i : i + 1].clone(), w, NONE, 1e-6), got[i : i + 1])
+
+
 def test_bad_tensors_are_refused_in_one_sentence(native):
     x, panels = torch.randn(2, 64), quant_matmul.pack(torch.randn(32, 64))
     q, k = torch.randn(4, 1, 16), torch.randn(2, 10, 16)
@@ -106,9 +120,11 @@ def test_bad_tensors_are_refused_in_one_sentence(native):
             torch.zeros(1, 96), torch.zeros(1, 1, 16), torch.zeros(1, 1, 16), k, k, 0, torch.tensor([10]), 2),
         "other heads": lambda: torch.ops.rest_lsp_step.rope_cache(torch.zeros(1, 96), torch.zeros(1, 1, 16),
                                                                    torch.zeros(1, 1, 16), k, k, 0, NONE, 3),
+        "a weight of another width": lambda: torch.ops.rest_lsp_step.rms_norm(x, torch.ones(32), NONE, 1e-6),
+        "a column of rows": lambda: torch.ops.rest_lsp_step.rms_norm(x.t(), torch.ones(2), NONE, 1e-6),
     }
     for name, call in calls.items():
-        with pytest.raises(RuntimeError, match=r"^(quant_mm|panel_mm|row_attn|rope_cache): [^\n]*$"):
+        with pytest.raises(RuntimeError, match=r"^(quant_mm|panel_mm|row_attn|rope_cache|rms_norm): [^\n]*$"):
             call()
             pytest.fail(name)
 
@@ -127,6 +143,7 @@ def test_a_lean_step_calls_no_python_wrapper(native, monkeypatch, pack):
     monkeypatch.setattr(row_attention, "row_attn", lambda *a, **k: calls.append("row_attn"))
     monkeypatch.setattr(panel_matmul, "panel_mm", lambda *a, **k: calls.append("panel_mm"))
     assert lean.scripted and lean.layers[0].fused_rope and lean.layers[0].row_exact == (pack == "q8")
+    assert lean.layers[0].in_native and lean.layers[0].post_native and lean.stack.norm_native  # step_ops.rms_norm
     lean.head(lean.forward(ids[4:], torch.arange(4, 5), cache))
     assert calls == []
 
