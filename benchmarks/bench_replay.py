@@ -816,12 +816,14 @@ def learned_step_costs(processes: list[dict]) -> str:
             learned = ", ".join(f"{k}: {r:.2f}x ({n})" for k, (n, r) in cost["learned"].items())
             lines.append(f"{p['config']} {p['mode']} {p['corpus']}: step cost learned (seed {cost['seed']}, "
                          f"{cost['growth_probes']} growth probes; rows: ratio (steps in window)): {learned}")
-        gate = p["final_stats"].get("draft_gate") if isinstance(p.get("final_stats"), dict) else None
-        if gate and any(g["seen"] for g in gate.values()):
-            said = ", ".join(f"{name} {g['gain']:+.2f} ({g['seen']} drafted, {g['plain_steps']} plain"
-                             f"{'' if g['drafts'] else ', off'})" for name, g in gate.items())
-            lines.append(f"{p['config']} {p['mode']} {p['corpus']}: draft gate, gain a drafted step brought in plain "
-                         f"steps: {said}")
+        gate = dict(p["final_stats"].get("draft_gate") or {}) if isinstance(p.get("final_stats"), dict) else {}
+        lite = gate.pop("lite", None) or {}
+        for kind, ledgers in (("draft gate", gate), ("draft gate, lite steps (the context alone)", lite)):
+            if any(g["seen"] for g in ledgers.values()):
+                said = ", ".join(f"{name} {g['gain']:+.2f} ({g['seen']} drafted, {g['plain_steps']} not"
+                                 f"{'' if g['drafts'] else ', off'})" for name, g in ledgers.items())
+                lines.append(f"{p['config']} {p['mode']} {p['corpus']}: {kind}, gain a drafted step brought in "
+                             f"plain steps: {said}")
     return "\n".join(lines)
 
 

@@ -116,6 +116,13 @@ class Proposal:
         return dataclasses.replace(self, tokens=tuple(tokens), parents=tuple(parents), ratios=tuple(ratios))
 
 
+def mix_of(source) -> "DraftMix | None":
+    """The draft mix inside `source` (itself, or under its wrappers), None where there is none."""
+    while source is not None and not isinstance(source, DraftMix):
+        source = getattr(source, "inner", None)
+    return source
+
+
 class DraftSource(Protocol):
     def continuations(self, context: Sequence[int]) -> list[Continuation]:
         """Continuations of the longest suffix of `context` found, heaviest first."""
@@ -524,21 +531,26 @@ class DraftMix:
     thousands of matches cannot drown the few, more relevant matches of the current file, and the decoder learns
     how far to trust each source at each match length.
 
-    `fallback` sources are asked only when no other source matched more than WEAK_MATCH tokens.
+    `fallback` sources are asked only when no other source matched more than WEAK_MATCH tokens. `only` (set by
+    whoever decodes, step by step; None: all): the names of the sources asked now, the others left out.
     """
 
     def __init__(self, sources: Sequence[tuple[str, DraftSource]], fallback: Sequence[tuple[str, DraftSource]] = ()):
         self.sources = list(sources)
         self.fallback = list(fallback)
+        self.only: frozenset[str] | None = None
 
     @property
     def names(self) -> list[str]:
         return [n for n, _ in self.sources] + [n for n, _ in self.fallback]
 
     def propose(self, context: Sequence[int]) -> list[Proposal]:
-        found = [p for name, source in self.sources for p in propose(source, context, name)]
+        only = self.only
+        found = [p for name, source in self.sources if only is None or name in only
+                 for p in propose(source, context, name)]
         if max((p.match_length for p in found), default=0) <= WEAK_MATCH:
-            found += [p for name, source in self.fallback for p in propose(source, context, name)]
+            found += [p for name, source in self.fallback if only is None or name in only
+                      for p in propose(source, context, name)]
         return found
 
     def continuations(self, context: Sequence[int]) -> list[Continuation]:

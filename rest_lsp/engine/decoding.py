@@ -25,12 +25,12 @@ from rest_lsp.cache_dir import read_bytes
 from rest_lsp.engine.calibration import Calibration, cache_file, calibrate, calibration_key, write_json
 from rest_lsp.drafting.draft_tree import (DraftTree, build_tree, tree_attention_mask, tree_position_ids,
                                   under_chain)
-from rest_lsp.drafting.drafts import DraftSource, Proposal, propose
+from rest_lsp.drafting.drafts import ContextLookup, DraftMix, DraftSource, Proposal, mix_of, propose
 from rest_lsp.engine.lean_llama import KVCache, LeanLlama, unsupported
 from rest_lsp.engine.model import LoadedModel, ModelLoadError, cache_root
 from rest_lsp.engine.runmode import run_mode
 from rest_lsp.engine import step_cost
-from rest_lsp.engine.draft_gate import DraftGate
+from rest_lsp.engine.draft_gate import FULL, LITE, DraftGate
 from rest_lsp.engine.step_cost import StepCosts, seed_from_two
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,9 @@ def likely_nodes(tree: DraftTree, batch_from: float, rows: int) -> list[int]:
 
 SUCCESSORS = 8  # the model's likeliest next tokens kept per visited node (Token Recycling)
 TOPK_BLOCK = 128  # logits per block in `top_successors`' first pass
+
+
+LITE_SOURCES = frozenset({ContextLookup.name})  # what a lite step asks (draft_gate: the cheapest source)
 
 
 def top_successors(logits: torch.Tensor, k: int = SUCCESSORS) -> tuple[list[list[int]], list[list[float]]]:
@@ -822,15 +825,19 @@ class Decoder:
         seq, new = list(prompt), []
         steps, finish, accepted_drafts = 0, "length", 0
         recycle = config.budget > 0 and getattr(drafts, "wants_successors", hasattr(drafts, "observe_successors"))
+        mix = mix_of(drafts)  # whose sources a lite step narrows to the context
         while len(new) < config.max_new_tokens:
             if cancelled is not None and cancelled():  # before each step too, not only between prefill passes
                 finish = "stopped"
                 break
-            # draft: a tree where drafting pays in this situation, else the root alone (a plain step)
+            # draft: a tree of every source where that pays in this situation, else of the context alone where that
+            # pays, else the root alone (a plain step)
             situation = DraftGate.situation(steps == 0, accepted_drafts)
-            drafting = config.budget > 0 and (not config.fit_to_cost or self.gate.drafts(situation))
+            kind = None if config.budget <= 0 else self.gate.kind(situation) if config.fit_to_cost else FULL
+            drafting = kind is not None
             work_s = self.clock()
-            tree = self._draft(seq, drafts, config, clock) if drafting else self._root(seq)
+            lite = mix if kind == LITE else None
+            tree = self._draft(seq, drafts, config, clock, lite) if drafting else self._root(seq)
             work_s = self.clock() - work_s
             # verify and accept: one pass, the longest agreed path
             self._match_rope(seq)
@@ -838,10 +845,10 @@ class Decoder:
             accepted, path, logits_at = self._verify_and_accept(tree, chain, config, gen)
             computed, steps = computed + len(chain), steps + 1
             # update: the learners, the gate, the cache
-            work_s += self._learn(drafts if recycle and drafting else None, tree, path, accepted, logits_at)
+            work_s += self._learn(drafts if recycle and kind == FULL else None, tree, path, accepted, logits_at)
             accepted_drafts = len(accepted) - 1
             if drafting:
-                self._judge(situation, config, tree, accepted_drafts, work_s)
+                self._judge(situation, kind, config, tree, accepted_drafts, work_s)
             accepted = accepted[: config.max_new_tokens - len(new)]
             self._commit(base, chain, seq, tree, path, accepted)
             chain = []
@@ -861,12 +868,20 @@ class Decoder:
                 f"model's context of {self.max_context} tokens."
             )
 
-    def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers") -> DraftTree:
-        """The sources' proposals after `seq`, merged into one tree rooted at its last token and cut to what pays."""
+    def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers",
+               lite: DraftMix | None = None) -> DraftTree:
+        """The sources' proposals after `seq` (with `lite`, that mix's LITE_SOURCES alone), merged into one tree
+        rooted at its last token and cut to what pays."""
         t = time.perf_counter()
         # a tree keeps `budget` nodes: a proposal's nodes past its `budget` likeliest would not be kept, and each
         # costs the merge's Python work
-        found = [p.prefix(config.budget) for p in propose(drafts, seq)] if config.budget > 0 else []
+        if lite is not None:
+            lite.only = LITE_SOURCES
+        try:
+            found = [p.prefix(config.budget) for p in propose(drafts, seq)] if config.budget > 0 else []
+        finally:
+            if lite is not None:
+                lite.only = None
         proposals = self._usable(found, len(seq))
         tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
         if config.fit_to_cost:
@@ -902,14 +917,14 @@ class Decoder:
             self._recycle(recycle, tree, path, logits_at)
         return self.clock() - started
 
-    def _judge(self, situation: str, config: DecodeConfig, tree: DraftTree, accepted_drafts: int,
+    def _judge(self, situation: str, kind: str, config: DecodeConfig, tree: DraftTree, accepted_drafts: int,
                work_s: float) -> None:
-        """Tell the gate what a drafted step brought: its accepted drafts, less its extra rows' cost and drafting's
-        `work_s`, in plain steps. Fixed trees are not gated, and a step-cost probe is the curve's exploration, not
-        the drafts'."""
+        """Tell the gate what a step drafted `kind` brought: its accepted drafts, less its extra rows' cost and
+        drafting's `work_s`, in plain steps. Fixed trees are not gated, and a step-cost probe is the curve's
+        exploration, not the drafts'."""
         if config.fit_to_cost and not self.costs.probing:
             self.gate.report(situation, accepted_drafts, self.costs.cost(len(tree)) - 1.0, work_s,
-                             self.costs.reference_s())
+                             self.costs.reference_s(), kind)
 
     def _commit(self, base: int, chain: list[int], seq: list[int], tree: DraftTree, path: list[int],
                 accepted: list[int]) -> None:

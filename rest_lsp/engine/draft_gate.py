@@ -18,6 +18,11 @@ its steps are plain, all but one in `explore` of them, which drafts so that the 
 (`explore` doubles, up to EXPLORE_MAX, while those steps confirm the loss; back to EXPLORE when the situation pays).
 A step that does not draft costs exactly a plain step: no sources asked, no learners taught. Exactness is untouched:
 which trees are verified never changes what the walk accepts.
+
+Between the two, a LITE step: where a situation's full drafting does not pay, its steps may still draft from the
+prompt's own text alone (the context lookup: the cheapest source, and the one that accepts most where a person
+writes code), the successor table untaught. Lite steps are judged as full ones, in a ledger of their own per
+situation: a situation whose full drafting loses drafts lite while that pays, and plain only where neither does.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 SITUATIONS = ("first", "after", "cold")
+FULL, LITE = "full", "lite"  # how a step drafts: every source, or the context alone
 ALPHA = 1 / 16  # least weight of the newest gain in a situation's average (a plain mean of the first 16)
 MIN_SEEN = 8  # drafted steps a situation is judged on at least (after 4, a 24-token generation of repeated text
 # closed it before its drafts were accepted: tests/commands/test_cli.py)
@@ -48,6 +54,7 @@ class DraftGate:
     """Per situation, whether its steps draft; `report` after each drafted step teaches it."""
 
     situations: dict[str, _Situation] = field(default_factory=lambda: {s: _Situation() for s in SITUATIONS})
+    lite: dict[str, _Situation] = field(default_factory=lambda: {s: _Situation() for s in SITUATIONS})
 
     @staticmethod
     def situation(first: bool, accepted_drafts: int) -> str:
@@ -55,63 +62,97 @@ class DraftGate:
         return "first" if first else "after" if accepted_drafts > 0 else "cold"
 
     def paying(self, situation: str) -> bool:
-        s = self.situations[situation]
-        return s.seen < MIN_SEEN or s.gain >= 0.0
+        """Whether full drafting pays in `situation` (yes until judged)."""
+        return _pays(self.situations[situation])
 
     def drafts(self, situation: str) -> bool:
-        """Whether a step in `situation` drafts: yes while it pays, else one step in `explore`."""
-        s = self.situations[situation]
-        if self.paying(situation) or s.skipped + 1 >= s.explore:
-            s.skipped = 0
-            return True
-        s.skipped += 1
-        s.plain_steps += 1
-        return False
+        """Whether a step in `situation` drafts in full: yes while it pays, else one step in `explore`."""
+        return _due(self.situations[situation])
+
+    def kind(self, situation: str) -> str | None:
+        """How a step in `situation` drafts: "full" (every source) while that pays or is due to be explored, else
+        "lite" (the context alone) while that pays or is due, else None (a plain step)."""
+        if self.drafts(situation):
+            return FULL
+        return LITE if _due(self.lite[situation]) else None
 
     def report(self, situation: str, accepted_drafts: int, extra_rows_cost: float, draft_s: float,
-               plain_s: float | None) -> None:
-        """A drafted step in `situation` accepted `accepted_drafts` drafts; its rows beyond the root cost
-        `extra_rows_cost` plain steps (cost(rows) - 1); drafting and learning took `draft_s` seconds; a plain step
-        takes `plain_s` now (None: not known yet, and the step teaches nothing)."""
+               plain_s: float | None, kind: str = "full") -> None:
+        """A drafted step in `situation` (drafting `kind`) accepted `accepted_drafts` drafts; its rows beyond the
+        root cost `extra_rows_cost` plain steps (cost(rows) - 1); drafting and learning took `draft_s` seconds; a
+        plain step takes `plain_s` now (None: not known yet, and the step teaches nothing)."""
         if plain_s is None or plain_s <= 0:
             return
-        s = self.situations[situation]
+        s = (self.situations if kind == FULL else self.lite)[situation]
         gain = accepted_drafts - extra_rows_cost - draft_s / plain_s
-        was = self.paying(situation)
+        was = _pays(s)
         s.seen += 1
         s.gain += max(ALPHA, 1 / s.seen) * (gain - s.gain)
-        if self.paying(situation):
+        if _pays(s):
             s.explore = EXPLORE
         elif not was:  # an exploring step confirmed the loss: explore less often
             s.explore = min(EXPLORE_MAX, 2 * s.explore)
 
     def learned_json(self) -> dict | None:
         """What the gate learned, for the next start on this machine and model (per situation its average gain and
-        the drafted steps behind it); None before a drafted step taught it anything."""
-        if not any(s.seen for s in self.situations.values()):
+        the drafted steps behind it; the same for lite steps under "lite"); None before a drafted step taught it
+        anything."""
+        if not any(s.seen for s in (*self.situations.values(), *self.lite.values())):
             return None
-        return {name: {"gain": round(s.gain, 4), "seen": s.seen} for name, s in self.situations.items()}
+        def kept(ledgers: dict[str, _Situation]) -> dict:
+            return {name: {"gain": round(s.gain, 4), "seen": s.seen} for name, s in ledgers.items()}
+
+        return {**kept(self.situations), "lite": kept(self.lite)}
 
     @classmethod
     def from_learned_json(cls, data) -> "DraftGate | None":
         """A gate that starts from what an earlier one learned (`learned_json`), checked; None for anything else.
-        Each situation counts at most MIN_SEEN steps behind its average, so this start's own steps soon outvote the
+        Each ledger counts at most MIN_SEEN steps behind its average, so this start's own steps soon outvote the
         last one's (a workspace whose drafts pay more reopens a closed situation within a few explorations)."""
-        if not isinstance(data, dict) or set(data) != set(SITUATIONS):
+        if not isinstance(data, dict) or set(data) != {*SITUATIONS, "lite"}:
             return None
         gate = cls()
-        for name, kept in data.items():
-            if not isinstance(kept, dict):
+        for ledgers, kept in ((gate.situations, {k: data[k] for k in SITUATIONS}), (gate.lite, data["lite"])):
+            if not isinstance(kept, dict) or set(kept) != set(SITUATIONS):
                 return None
-            gain, seen = kept.get("gain"), kept.get("seen")
-            if (not isinstance(gain, (int, float)) or isinstance(gain, bool) or not math.isfinite(gain)
-                    or not isinstance(seen, int) or isinstance(seen, bool) or seen < 0):
-                return None
-            gate.situations[name] = _Situation(gain=float(gain), seen=min(seen, MIN_SEEN))
+            for name, one in kept.items():
+                ledger = _ledger(one)
+                if ledger is None:
+                    return None
+                ledgers[name] = ledger
         return gate
 
     def describe(self) -> dict:
         """JSON for a stats reply: per situation its average gain (plain steps a drafted step saves), the drafted
-        steps seen, whether it drafts now, and the steps it left plain."""
-        return {name: {"gain": round(s.gain, 3), "seen": s.seen, "drafts": self.paying(name),
-                       "plain_steps": s.plain_steps} for name, s in self.situations.items()}
+        steps seen, whether it drafts now, and the steps it left plain (or lite); the same for lite steps under
+        "lite"."""
+        def one(s: _Situation) -> dict:
+            return {"gain": round(s.gain, 3), "seen": s.seen, "drafts": _pays(s), "plain_steps": s.plain_steps}
+
+        return {**{name: one(s) for name, s in self.situations.items()},
+                "lite": {name: one(s) for name, s in self.lite.items()}}
+
+
+def _ledger(kept) -> _Situation | None:
+    """A ledger from its kept form ({"gain", "seen"}), its steps cut to MIN_SEEN; None for anything else."""
+    if not isinstance(kept, dict):
+        return None
+    gain, seen = kept.get("gain"), kept.get("seen")
+    if (not isinstance(gain, (int, float)) or isinstance(gain, bool) or not math.isfinite(gain)
+            or not isinstance(seen, int) or isinstance(seen, bool) or seen < 0):
+        return None
+    return _Situation(gain=float(gain), seen=min(seen, MIN_SEEN))
+
+
+def _pays(s: _Situation) -> bool:
+    return s.seen < MIN_SEEN or s.gain >= 0.0
+
+
+def _due(s: _Situation) -> bool:
+    """Whether a step of this ledger's kind runs now: yes while it pays, else one step in `explore`."""
+    if _pays(s) or s.skipped + 1 >= s.explore:
+        s.skipped = 0
+        return True
+    s.skipped += 1
+    s.plain_steps += 1
+    return False

@@ -148,11 +148,14 @@ def test_what_the_gate_learned_is_kept_checked_and_soon_outvoted():
             explored += 1
             kept.report("cold", 1, 0.3, 0.001, 0.01)
     assert explored <= 6, explored
-    for bad in (None, [], {}, {"cold": {"gain": 0.1, "seen": 3}},
-                {s: {"gain": float("nan"), "seen": 3} for s in draft_gate.SITUATIONS},
-                {s: {"gain": 0.1, "seen": -1} for s in draft_gate.SITUATIONS},
-                {s: {"gain": "0.1", "seen": 3} for s in draft_gate.SITUATIONS},
-                {s: {"gain": 0.1, "seen": True} for s in draft_gate.SITUATIONS}):
+    good = {s: {"gain": 0.1, "seen": 3} for s in draft_gate.SITUATIONS}
+    assert DraftGate.from_learned_json({**good, "lite": good}) is not None
+    for bad in (None, [], {}, {"cold": {"gain": 0.1, "seen": 3}}, good, {**good, "lite": {}},
+                {**good, "lite": {**good, "cold": {"gain": float("inf"), "seen": 3}}},
+                {**{s: {"gain": float("nan"), "seen": 3} for s in draft_gate.SITUATIONS}, "lite": good},
+                {**{s: {"gain": 0.1, "seen": -1} for s in draft_gate.SITUATIONS}, "lite": good},
+                {**{s: {"gain": "0.1", "seen": 3} for s in draft_gate.SITUATIONS}, "lite": good},
+                {**{s: {"gain": 0.1, "seen": True} for s in draft_gate.SITUATIONS}, "lite": good}):
         assert DraftGate.from_learned_json(bad) is None, bad
 
 
@@ -182,3 +185,39 @@ def test_a_restarted_decoder_starts_from_where_drafting_paid_here(tmp_path):
     learned = after.gate.describe()
     after.calibrate(tmp_path, measure=False)  # a later look (an idle calibration) replaces nothing learned since
     assert after.gate.describe() == learned
+
+
+class OneAhead(Source):
+    """The right next token alone, as one sure draft."""
+
+    def propose(self, context):
+        found = super().propose(context)
+        return [p.prefix(1) for p in found]
+
+
+def test_where_every_source_costs_more_than_it_brings_the_context_alone_still_drafts():
+    """A mix of a cheap context lookup that is right one token ahead and a costly workspace lookup that is never
+    right: full drafting loses (1 draft accepted for 1.5 plain steps of work), a lite step (the context alone) pays,
+    so steps go on drafting one token ahead without asking the costly source; the output is plain's."""
+    from rest_lsp.drafting.drafts import DraftMix
+
+    loaded = tiny_model("llama")
+    prompt = [random.Random(6).randrange(97) for _ in range(24)]
+    vocab = loaded.model.config.vocab_size
+    plain = Decoder(loaded).generate(prompt, Source(None, [], False, 0.0, vocab), DecodeConfig(max_new_tokens=40,
+                                                                                                budget=0)).tokens
+    decoder = Decoder(loaded)
+    clock = Clock(decoder)
+    context = OneAhead(clock, prompt + plain, True, 0.0002, vocab)
+    workspace = Source(clock, [], False, 0.015, vocab)
+    steps = 0
+    for _ in range(12):
+        decoder.reset()
+        result = decoder.generate(prompt, DraftMix([("context", context), ("workspace", workspace)]),
+                                  DecodeConfig(max_new_tokens=40, budget=8))
+        assert result.tokens == plain
+        steps += result.steps
+    said = decoder.gate.describe()
+    assert not said["after"]["drafts"] and said["lite"]["after"]["drafts"], said
+    assert workspace.asked < 0.3 * steps and context.asked > 0.8 * steps, (workspace.asked, context.asked, steps)
+    assert steps < 0.7 * 12 * 40  # drafts accepted: about two tokens a step
