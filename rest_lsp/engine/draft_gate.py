@@ -77,7 +77,7 @@ class DraftGate:
         return LITE if _due(self.lite[situation]) else None
 
     def report(self, situation: str, accepted_drafts: int, extra_rows_cost: float, draft_s: float,
-               plain_s: float | None, kind: str = "full") -> None:
+               plain_s: float | None, kind: str = FULL) -> None:
         """A drafted step in `situation` (drafting `kind`) accepted `accepted_drafts` drafts; its rows beyond the
         root cost `extra_rows_cost` plain steps (cost(rows) - 1); drafting and learning took `draft_s` seconds; a
         plain step takes `plain_s` now (None: not known yet, and the step teaches nothing)."""
@@ -99,6 +99,7 @@ class DraftGate:
         anything."""
         if not any(s.seen for s in (*self.situations.values(), *self.lite.values())):
             return None
+
         def kept(ledgers: dict[str, _Situation]) -> dict:
             return {name: {"gain": round(s.gain, 4), "seen": s.seen} for name, s in ledgers.items()}
 
