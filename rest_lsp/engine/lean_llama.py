@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from rest_lsp.engine.cuda_graphs import STEP_BUCKETS, StepGraphs, StepInputs
 from rest_lsp.engine.matmuls import Matmul, pick_packing
+from rest_lsp.kernels.step_ops import layer_norm_rms
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: Optional[torch.Tens
     """RMSNorm over the last dim of x [n, H], as transformers computes it (to rounding)."""
     if native and doubled is not None:  # one native call for a row's few ops (step_ops.rms_norm)
         return torch.ops.rest_lsp_step.rms_norm(x.contiguous(), weight, doubled, eps)
-    if doubled is not None:
-        # fp32: RMSNorm is LayerNorm over [x, -x] (mean 0, the same mean square), one kernel where torch's
-        # rms_norm is six ops on a CPU, 61 calls a step; the same to rounding
-        H = x.shape[-1]
-        return F.layer_norm(torch.cat([x, -x], dim=-1), [2 * H], doubled, None, eps)[:, :H]
+    if doubled is not None:  # fp32 without the native op: one layer norm (61 calls a step)
+        return layer_norm_rms(x, doubled, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)

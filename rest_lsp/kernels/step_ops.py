@@ -109,11 +109,16 @@ def _py_rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ca
     return qk[:heads].contiguous()
 
 
-def _py_rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms_norm in torch's ops: RMSNorm is LayerNorm over [x, -x] (mean 0, the same mean square) with the weight
-    twice (`doubled`), one kernel where torch's rms_norm is six ops on a CPU; the native op's result to rounding."""
+def layer_norm_rms(x: torch.Tensor, doubled: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [n, H] in fp32 as LayerNorm over [x, -x] (mean 0, the same mean square) with the weight twice
+    (`doubled` [2H]): one kernel where torch's rms_norm is six ops on a CPU; transformers' norm to rounding."""
     H = x.shape[-1]
     return torch.nn.functional.layer_norm(torch.cat([x, -x], dim=-1), [2 * H], doubled, None, eps)[:, :H]
+
+
+def _py_rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm in torch's ops (`layer_norm_rms`): the native op's result to rounding."""
+    return layer_norm_rms(x, doubled, eps)
 
 
 def _address(lib: ctypes.CDLL | None, name: str) -> int | None:
