@@ -830,10 +830,11 @@ class Decoder:
             if cancelled is not None and cancelled():  # before each step too, not only between prefill passes
                 finish = "stopped"
                 break
-            # draft: a tree of every source where that pays in this situation, else of the context alone where that
-            # pays, else the root alone (a plain step)
+            # draft: a tree of every source or of the context alone, whichever has gained more in this situation
+            # (while it pays), else the root alone (a plain step)
             situation = DraftGate.situation(steps == 0, accepted_drafts)
-            kind = None if config.budget <= 0 else self.gate.kind(situation) if config.fit_to_cost else FULL
+            kind = (None if config.budget <= 0 else FULL if not config.fit_to_cost
+                    else self.gate.kind(situation, lite=mix is not None))
             drafting = kind is not None
             work_s = self.clock()
             lite = mix if kind == LITE else None

@@ -19,10 +19,13 @@ its steps are plain, all but one in `explore` of them, which drafts so that the 
 A step that does not draft costs exactly a plain step: no sources asked, no learners taught. Exactness is untouched:
 which trees are verified never changes what the walk accepts.
 
-Between the two, a LITE step: where a situation's full drafting does not pay, its steps may still draft from the
-prompt's own text alone (the context lookup: the cheapest source, and the one that accepts most where a person
-writes code), the successor table untaught. Lite steps are judged as full ones, in a ledger of their own per
-situation: a situation whose full drafting loses drafts lite while that pays, and plain only where neither does.
+Beside full drafting, a LITE step drafts from the prompt's own text alone (the context lookup: the cheapest source,
+and the one that accepts most where a person writes code), the successor table untaught. Lite steps are judged as
+full ones, in a ledger of their own per situation, and a situation drafts the kind that has gained more (the other
+explored one step in its `explore`), plain only where neither pays. More sources are not always more: each adds
+candidates whose promises are estimates, a tree on a steep step-cost curve has room for few, and those that
+promise most include those overestimated most; where rows are cheap the full mix wins. Both kinds are judged on
+MIN_SEEN steps first, taking turns.
 """
 
 from __future__ import annotations
@@ -66,15 +69,29 @@ class DraftGate:
         return _pays(self.situations[situation])
 
     def drafts(self, situation: str) -> bool:
-        """Whether a step in `situation` drafts in full: yes while it pays, else one step in `explore`."""
-        return _due(self.situations[situation])
+        """Whether a step in `situation` drafts in full where lite steps are not possible: yes while that pays, else
+        one step in `explore`."""
+        return self.kind(situation, lite=False) == FULL
 
-    def kind(self, situation: str) -> str | None:
-        """How a step in `situation` drafts: "full" (every source) while that pays or is due to be explored, else
-        "lite" (the context alone) while that pays or is due, else None (a plain step)."""
-        if self.drafts(situation):
-            return FULL
-        return LITE if _due(self.lite[situation]) else None
+    def kind(self, situation: str, lite: bool = True) -> str | None:
+        """How a step in `situation` drafts: FULL (every source), LITE (the context alone; only if `lite`) or None
+        (a plain step). Both kinds are judged on MIN_SEEN steps first, taking turns; then the one that gained more
+        while it pays, the other one step in its `explore`; where neither pays, plain but for those explorations."""
+        full, light = self.situations[situation], self.lite[situation]
+        if not lite:
+            return FULL if _due(full) else None
+        if full.seen < MIN_SEEN or light.seen < MIN_SEEN:
+            return FULL if full.seen <= light.seen else LITE
+        ranked = ((FULL, full), (LITE, light)) if full.gain >= light.gain else ((LITE, light), (FULL, full))
+        (best, ahead), (other, behind) = ranked
+        if ahead.gain >= 0.0:
+            chosen = other if _explored(behind) else best
+        else:
+            chosen = best if _explored(ahead) else other if _explored(behind) else None
+        for name, s in ranked:
+            if name != chosen:
+                s.plain_steps += 1
+        return chosen
 
     def report(self, situation: str, accepted_drafts: int, extra_rows_cost: float, draft_s: float,
                plain_s: float | None, kind: str = FULL) -> None:
@@ -85,13 +102,24 @@ class DraftGate:
             return
         s = (self.situations if kind == FULL else self.lite)[situation]
         gain = accepted_drafts - extra_rows_cost - draft_s / plain_s
-        was = _pays(s)
+        was = self._leads(situation, kind)
         s.seen += 1
         s.gain += max(ALPHA, 1 / s.seen) * (gain - s.gain)
-        if _pays(s):
+        if self._leads(situation, kind):
             s.explore = EXPLORE
-        elif not was:  # an exploring step confirmed the loss: explore less often
+        elif not was:  # an exploring step confirmed it behind: explore it less often
             s.explore = min(EXPLORE_MAX, 2 * s.explore)
+
+    def _leads(self, situation: str, kind: str) -> bool:
+        """Whether `kind` is what `situation` drafts now: it pays and (where lite steps were judged at all) has
+        gained at least as much as the other kind."""
+        full, light = self.situations[situation], self.lite[situation]
+        mine, theirs = (full, light) if kind == FULL else (light, full)
+        if not _pays(mine):
+            return False
+        if not light.seen or mine.seen < MIN_SEEN or theirs.seen < MIN_SEEN:
+            return True
+        return mine.gain > theirs.gain or (kind == FULL and mine.gain == theirs.gain)
 
     def learned_json(self) -> dict | None:
         """What the gate learned, for the next start on this machine and model (per situation its average gain and
@@ -125,8 +153,8 @@ class DraftGate:
 
     def describe(self) -> dict:
         """JSON for a stats reply: per situation its average gain (plain steps a drafted step saves), the drafted
-        steps seen, whether it drafts now, and the steps it left plain (or lite); the same for lite steps under
-        "lite"."""
+        steps seen, whether it pays, and the situation's steps it did not draft (plain, or the other kind); the same
+        for lite steps under "lite"."""
         def one(s: _Situation) -> dict:
             return {"gain": round(s.gain, 3), "seen": s.seen, "drafts": _pays(s), "plain_steps": s.plain_steps}
 
@@ -156,4 +184,13 @@ def _due(s: _Situation) -> bool:
         return True
     s.skipped += 1
     s.plain_steps += 1
+    return False
+
+
+def _explored(s: _Situation) -> bool:
+    """Whether this step explores a ledger that is not chosen: one step in its `explore`."""
+    s.skipped += 1
+    if s.skipped >= s.explore:
+        s.skipped = 0
+        return True
     return False

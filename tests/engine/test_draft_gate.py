@@ -48,6 +48,44 @@ def test_a_situation_that_pays_again_drafts_again():
     assert drafted_steps(gate, "cold", 0.5, 50) == 50
 
 
+def kinds_run(gate: DraftGate, situation: str, gains: dict, steps: int) -> dict:
+    """How many of `steps` steps in `situation` ran each kind (None: plain), each drafted step reporting its kind's
+    gain in `gains`."""
+    ran = {draft_gate.FULL: 0, draft_gate.LITE: 0, None: 0}
+    for _ in range(steps):
+        kind = gate.kind(situation)
+        ran[kind] += 1
+        if kind is not None:
+            gate.report(situation, 0, 0.0, -gains[kind] * 0.01, 0.01, kind)
+    return ran
+
+
+@pytest.mark.parametrize("better", [draft_gate.FULL, draft_gate.LITE])
+def test_both_kinds_are_judged_and_the_one_that_gains_more_drafts(better):
+    """Full drafting and lite steps both pay; the one that gains more runs nearly every step once both are
+    judged, the other explored ever more rarely (never plain: drafting pays)."""
+    worse = draft_gate.LITE if better == draft_gate.FULL else draft_gate.FULL
+    gate = DraftGate()
+    first = kinds_run(gate, "after", {better: 0.5, worse: 0.1}, 2 * draft_gate.MIN_SEEN)
+    assert first[better] == first[worse] == draft_gate.MIN_SEEN  # judged on the same number of steps, turn about
+    ran = kinds_run(gate, "after", {better: 0.5, worse: 0.1}, 400)
+    assert ran[None] == 0 and ran[worse] <= 400 // draft_gate.EXPLORE_MAX + 4, ran
+    said = gate.describe()
+    assert said["after"]["drafts"] and said["lite"]["after"]["drafts"]  # both pay
+    # where neither pays, plain steps but for rare explorations of each
+    ran = kinds_run(gate, "cold", {better: -0.3, worse: -0.5}, 2 * draft_gate.MIN_SEEN)
+    ran = kinds_run(gate, "cold", {better: -0.3, worse: -0.5}, 400)
+    assert ran[None] >= 400 - 2 * (400 // draft_gate.EXPLORE_MAX + 4), ran
+
+
+def test_without_lite_steps_the_gate_judges_full_drafting_alone():
+    """A decoder whose drafts are not a mix of sources cannot draft the context alone: kind(lite=False) is full or
+    plain, as `drafts` says."""
+    gate = DraftGate()
+    ran = [gate.kind("cold", lite=False) for _ in range(draft_gate.MIN_SEEN)]
+    assert ran == [draft_gate.FULL] * draft_gate.MIN_SEEN
+
+
 def test_without_a_plain_step_to_compare_nothing_is_learned():
     gate = DraftGate()
     for _ in range(100):
@@ -221,3 +259,31 @@ def test_where_every_source_costs_more_than_it_brings_the_context_alone_still_dr
     assert not said["after"]["drafts"] and said["lite"]["after"]["drafts"], said
     assert workspace.asked < 0.3 * steps and context.asked > 0.8 * steps, (workspace.asked, context.asked, steps)
     assert steps < 0.7 * 12 * 40  # drafts accepted: about two tokens a step
+
+
+def test_where_every_source_pays_but_the_context_alone_pays_more_steps_draft_lite():
+    """A mix of a cheap context lookup that is right one token ahead and a workspace lookup that is never right and
+    costs half a plain step: full drafting still pays (a draft accepted a step, for about half a step of work),
+    the context alone pays about twice as much, so steps draft lite and the workspace is rarely asked; the output
+    is plain's. (Judging full drafting alone kept asking the workspace on every step.)"""
+    from rest_lsp.drafting.drafts import DraftMix
+
+    loaded = tiny_model("llama")
+    prompt = [random.Random(6).randrange(97) for _ in range(24)]
+    vocab = loaded.model.config.vocab_size
+    plain = Decoder(loaded).generate(prompt, Source(None, [], False, 0.0, vocab), DecodeConfig(max_new_tokens=40,
+                                                                                                budget=0)).tokens
+    decoder = Decoder(loaded)
+    clock = Clock(decoder)
+    context = OneAhead(clock, prompt + plain, True, 0.0002, vocab)
+    workspace = Source(clock, [], False, 0.005, vocab)
+    steps = 0
+    for _ in range(12):
+        decoder.reset()
+        result = decoder.generate(prompt, DraftMix([("context", context), ("workspace", workspace)]),
+                                  DecodeConfig(max_new_tokens=40, budget=8))
+        assert result.tokens == plain
+        steps += result.steps
+    said = decoder.gate.describe()
+    assert said["after"]["drafts"] and said["lite"]["after"]["gain"] > said["after"]["gain"], said
+    assert workspace.asked < 0.3 * steps and context.asked > 0.8 * steps, (workspace.asked, context.asked, steps)
