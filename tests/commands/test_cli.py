@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from support import EXACT_MODES, modes_here, tiny_model_dirs
+from support import EXACT_MODES, modes_here
 from rest_lsp.engine.model import load_model
 
 FIELDS = {"text", "token_ids", "new_tokens", "steps", "tokens_per_step", "prefill_ms", "decode_ms", "ms_per_token", "mode"}
@@ -23,8 +23,8 @@ def rest_lsp(*args, stdin=None, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    dirs = tiny_model_dirs(tmp_path_factory.mktemp("models"))
+def models(tiny_models, tmp_path_factory):
+    dirs = tiny_models  # the suite's own tiny models (tests/conftest.py), built once and kept
     short = tmp_path_factory.mktemp("short") / "short"
     shutil.copytree(dirs["random"], short)
     config = json.loads((short / "config.json").read_text())
