@@ -23,9 +23,16 @@ KERNELS = {"panel": panel_matmul.KERNEL, "quant": quant_matmul.KERNEL, "attentio
 LEVEL = levels.chosen()
 
 
+# The loader is one for every kernel: each kernel is built through it once (`test_what_is_built_...`); its refusals
+# and rebuilds are shown on the two that build in seconds (a build of the quant kernel takes half a minute on a slow
+# CPU, and the suite builds it elsewhere).
+QUICK = ["attention", "panel"]
+
+
 @pytest.fixture(params=sorted(KERNELS))
 def kernel(request, monkeypatch, tmp_path):
-    """Each kernel, looked for again in an empty kernel folder of the test's own."""
+    """Each kernel (or each one a test names in `quick`), looked for again in an empty kernel folder of the test's
+    own."""
     k = KERNELS[request.param]
     k.forget()
     monkeypatch.setattr(loader, "kernel_folder", lambda: tmp_path / "cache" / "kernels")
@@ -49,8 +56,7 @@ MARKER = "REST_LSP_TEST_PLANTED_MARKER"  # the file a planted library's construc
 
 @pytest.fixture(scope="module")
 def planted_builds(tmp_path_factory) -> dict[str, object]:
-    """Per kernel, one planted library built for the module (a build of the quant kernel takes half a minute on a
-    slow CPU): each test copies it under the names it plants."""
+    """Per kernel, one planted library built for the module: each test copies it under the names it plants."""
     return {"folder": tmp_path_factory.mktemp("planted")}
 
 
@@ -89,6 +95,7 @@ def test_what_is_built_is_private_and_its_hash_recorded(kernel, tmp_path):
 
 
 @needs_cc
+@pytest.mark.parametrize("kernel", QUICK, indirect=True)
 @pytest.mark.parametrize("mode", [0o775, 0o757])
 def test_a_folder_others_may_write_is_refused_and_nothing_in_it_runs(kernel, tmp_path, caplog, mode, plant):
     kernels = folder_of(tmp_path)
@@ -108,6 +115,7 @@ def test_a_folder_others_may_write_is_refused_and_nothing_in_it_runs(kernel, tmp
 
 
 @needs_cc
+@pytest.mark.parametrize("kernel", QUICK, indirect=True)
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a file away needs root")
 def test_a_folder_of_another_user_is_refused_and_nothing_in_it_runs(kernel, tmp_path, caplog, plant):
     """A shared cache folder someone else made (here owned by nobody, mode 700)."""
@@ -126,6 +134,7 @@ def test_a_folder_of_another_user_is_refused_and_nothing_in_it_runs(kernel, tmp_
 
 
 @needs_cc
+@pytest.mark.parametrize("kernel", QUICK, indirect=True)
 @pytest.mark.parametrize("how", ["replaced", "no record", "a link"])
 def test_a_library_that_is_not_the_one_built_is_built_again_not_loaded(kernel, tmp_path, caplog, how, plant):
     kernels = folder_of(tmp_path)
@@ -158,7 +167,7 @@ def test_a_library_that_is_not_the_one_built_is_built_again_not_loaded(kernel, t
 def test_the_key_covers_the_level_and_openmp(tmp_path):
     """The level's flags and OpenMP are in the key: a one-thread library left by a compiler without OpenMP is not
     taken for the threaded one, and the library of one level is never loaded for another."""
-    kernel, folder = quant_matmul.KERNEL, folder_of(tmp_path)
+    kernel, folder = panel_matmul.KERNEL, folder_of(tmp_path)
     paths = {p for level in levels.LEVELS for p in names(kernel, folder, level)}
     assert len(paths) == 2 * len(levels.LEVELS)
     no_openmp = tmp_path / "cc-without-openmp"
@@ -167,7 +176,7 @@ def test_the_key_covers_the_level_and_openmp(tmp_path):
     no_openmp.chmod(0o755)
     stem = f"{kernel.stem}-{LEVEL}"
     one = loader.build_and_load(str(no_openmp), folder, stem, kernel.source, kernel.variants(LEVEL), kernel.libs)
-    assert quant_matmul._bind(one).quant_threaded() == 0
+    assert panel_matmul._bind(one).panel_threaded() == 0
     both = loader.build_and_load(cc, folder, stem, kernel.source, kernel.variants(LEVEL), kernel.libs)
-    assert quant_matmul._bind(both).quant_threaded() == 1
+    assert panel_matmul._bind(both).panel_threaded() == 1
     assert sorted(p.name for p in folder.glob("*.so")) == sorted(p.name for p in names(kernel, folder))
