@@ -9,7 +9,8 @@ import sys
 import textwrap
 import threading
 
-from support import command, cursor_at_end, inline, open_doc, server_command, start, wait_for, wait_until
+from support import (cache_with_kernels, command, cursor_at_end, inline, open_doc, server_command, start, wait_for,
+                     wait_until)
 from rest_lsp.lsp.server import STATS_COMMAND
 
 # The server with a model load that never ends and, like a load inside torch, holds the process: Python's own exit
@@ -31,7 +32,7 @@ BLOCKED_LOAD_SERVER = textwrap.dedent("""
 
 
 def environment(tmp_path, **extra) -> dict:
-    return {**os.environ, "REST_LSP_CACHE_DIR": str(tmp_path / "cache"), **extra}
+    return {**os.environ, "REST_LSP_CACHE_DIR": str(cache_with_kernels(tmp_path / "cache")), **extra}
 
 
 async def test_shutdown_and_exit_while_the_model_loads_end_the_process_with_0(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidRequest
 
-from support import command, server_command, start, wait_until
+from support import cache_with_kernels, command, server_command, start, wait_until
 from rest_lsp.auth import TokenError, is_loopback, read_token, token_matches
 from rest_lsp.lsp import admission
 from rest_lsp.lsp.server import DRAFTS_COMMAND, STATS_COMMAND, create_server
@@ -104,7 +104,7 @@ async def serve(tmp_path):
     procs = []
 
     async def launch(address, *args):
-        env = dict(os.environ, REST_LSP_CACHE_DIR=str(tmp_path / "cache"))
+        env = dict(os.environ, REST_LSP_CACHE_DIR=str(cache_with_kernels(tmp_path / "cache")))
         proc = await asyncio.create_subprocess_exec(*server_command()[:-1], "--tcp", address, *args, env=env,
                                                     stderr=asyncio.subprocess.PIPE)
         procs.append(proc)
@@ -249,7 +249,7 @@ async def test_ipv6_loopback_is_accepted(tiny_models, tmp_path, serve):
 
 async def test_a_second_initialize_is_refused_and_the_first_service_kept(tiny_models, tmp_path):
     client, _ = await start(server_command(), tmp_path, "neovim", options(tiny_models, indexWorkspace=False),
-                            env=dict(os.environ, REST_LSP_CACHE_DIR=str(tmp_path / "cache")))
+                            env=dict(os.environ, REST_LSP_CACHE_DIR=str(cache_with_kernels(tmp_path / "cache"))))
     try:
         assert await wait_until(lambda: _ready(client), 120)
         again = types.InitializeParams(capabilities=types.ClientCapabilities(), root_uri=tmp_path.parent.as_uri())

@@ -7,7 +7,7 @@ import os
 
 from lsprotocol import types
 
-from support import command, server_command, start, wait_until
+from support import cache_with_kernels, command, server_command, start, wait_until
 from rest_lsp.lsp.server import DRAFTS_COMMAND, STATS_COMMAND
 
 
@@ -17,8 +17,9 @@ async def test_added_folders_are_indexed_and_watched_removed_ones_dropped(tiny_m
     beta.mkdir()
     (alpha / "a.py").write_text("alpha_unique_token_one = 1111\n")
     (beta / "b.py").write_text("beta_unique_token_two = 2222\n")
-    options = {"model": str(tiny_models["random"]), "dtype": "float32", "cacheDir": str(tmp_path / "cache")}
-    env = {**os.environ, "REST_LSP_CACHE_DIR": str(tmp_path / "cache")}
+    cache = cache_with_kernels(tmp_path / "cache")
+    options = {"model": str(tiny_models["random"]), "dtype": "float32", "cacheDir": str(cache)}
+    env = {**os.environ, "REST_LSP_CACHE_DIR": str(cache)}
     client, _ = await start(server_command(), alpha, "visual-studio-code", options, env=env)
     try:
         async def drafted(context: str, start_text: str) -> bool:
