@@ -1,5 +1,7 @@
-"""A real FIM code model (Qwen2.5-Coder-0.5B, float32) answers at every place a person asks, and REST writes what
-plain decoding writes there. Slow: loads a 0.5B model (about 2 GB); skips when the model file is not here."""
+"""A real FIM code model (Qwen2.5-Coder-0.5B, in the gguf mode: its file's own blocks, as a person runs it) answers
+at every place a person asks, and REST writes what plain decoding writes there (the gguf mode claims exactness).
+Slow: loads a 0.5B model; skips when the model file is not here. REST against `generate` in float32 is
+tests/engine/test_exactness.py's."""
 
 import dataclasses
 import os
@@ -41,7 +43,7 @@ def code_model_path() -> Path:
 @pytest.fixture(scope="module")
 def suggestions(tmp_path_factory) -> dict[str, dict[int, str | None]]:
     """Each place's suggestion with REST (draftBudget 16) and without (0), no time budget: set by the text alone."""
-    settings = Settings(model=str(code_model_path()), dtype="float32", max_new_tokens=24, debounce_ms=0,
+    settings = Settings(model=str(code_model_path()), dtype="gguf", max_new_tokens=24, debounce_ms=0,
                         time_budget_ms=0, wait_budget_ms=0, index_workspace=False, prefetch=False,
                         suggestion_cache_size=0, cache_dir=str(tmp_path_factory.mktemp("cache")))
     service = CompletionService(settings)
