@@ -295,17 +295,18 @@ def cache_with_kernels(folder: Path) -> Path:
     """`folder` as a fresh rest-lsp cache root for a server or CLI of one test's own, holding only the native kernels
     this session has built (built now if not yet): a fresh cache would compile them again at every start (half a
     minute and more on a slow CPU), and nothing a test of the server checks depends on compiling them. The loader
-    checks the copies (owner, modes, recorded hash) as it checks any library it finds."""
+    checks the copies (owner, modes, recorded hash) as it checks any library it finds. Kernels already there are
+    left as they are (a running server may have them mapped)."""
     import shutil
 
-    from rest_lsp.kernels import levels, panel_matmul, quant_matmul, row_attention, step_ops
+    from rest_lsp.kernels import levels, loader, panel_matmul, quant_matmul, row_attention, step_ops
 
-    session = Path(os.environ["REST_LSP_CACHE_DIR"]) / "kernels"  # the session's own cache (conftest.py)
+    session = loader.kernel_folder()  # the session's own cache in this process (conftest.py)
     level = levels.chosen()
     for kernel in (panel_matmul.KERNEL, quant_matmul.KERNEL, row_attention.KERNEL, step_ops.KERNEL):
         if not any(session.glob(f"{kernel.stem}-{level}-*.so")):
             kernel._load(level, session)  # built where the session's own steps find it
     folder.mkdir(parents=True, exist_ok=True)
-    if session.is_dir():
-        shutil.copytree(session, folder / "kernels", dirs_exist_ok=True)  # modes kept: 700 and 600
+    if session.is_dir() and not (folder / "kernels").exists():
+        shutil.copytree(session, folder / "kernels")  # modes kept: 700 and 600
     return folder

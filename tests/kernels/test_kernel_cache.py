@@ -31,7 +31,7 @@ QUICK = ["attention", "panel"]
 
 @pytest.fixture(params=sorted(KERNELS))
 def kernel(request, monkeypatch, tmp_path):
-    """Each kernel (or each one a test names in `quick`), looked for again in an empty kernel folder of the test's
+    """Each kernel (or each one a test names in QUICK), looked for again in an empty kernel folder of the test's
     own."""
     k = KERNELS[request.param]
     k.forget()
