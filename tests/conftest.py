@@ -3,6 +3,7 @@ tests, and the real default model (loaded once)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import sys
@@ -33,14 +34,30 @@ FORCED_DTYPE = os.environ.pop("REST_LSP_DTYPE", None)
 KEPT_CACHE_FOLDERS = ("models",)
 
 
+def _xdist_role(config) -> str | None:
+    """None without pytest-xdist; "controller" in the process that only hands tests out; else the worker's id
+    ("gw0", "gw1", ...)."""
+    worker = getattr(config, "workerinput", {}).get("workerid") or os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        return worker
+    return "controller" if getattr(config.option, "numprocesses", None) else None
+
+
+def _keeps_folders(config) -> bool:
+    """Whether this process moves the kept folders in and out: a session without xdist does, and under xdist the
+    first worker only (the controller runs no test; a second worker starts without them, as a second session does,
+    and whatever it converts is dropped, so the two never race to give a folder back)."""
+    return getattr(config, "cache", None) is not None and _xdist_role(config) in (None, "gw0")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "default_dtype: depends on the dtype a load gets when none is asked for "
                                        "(run again by dev.sh with REST_LSP_DTYPE set)")
     cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
-    # beside the kept folders (one file system: a rename moves them), mode 700
+    # beside the kept folders (one file system: a rename moves them), mode 700; one per xdist worker
     session = Path(tempfile.mkdtemp(prefix="rest-lsp-test-cache-",
                                     dir=cache.mkdir("rest-lsp-sessions") if cache is not None else None))
-    for name in KEPT_CACHE_FOLDERS if cache is not None else ():
+    for name in KEPT_CACHE_FOLDERS if _keeps_folders(config) else ():
         kept = cache.mkdir(f"rest-lsp-{name}")
         try:
             os.rename(kept, session / name)
@@ -56,7 +73,7 @@ def pytest_unconfigure(config):
     if session is None:
         return
     cache = getattr(config, "cache", None)
-    for name in KEPT_CACHE_FOLDERS if cache is not None else ():
+    for name in KEPT_CACHE_FOLDERS if _keeps_folders(config) else ():
         kept = Path(cache.mkdir(f"rest-lsp-{name}"))
         if (session / name).is_dir() and not any(kept.iterdir()):
             kept.rmdir()
@@ -84,4 +101,9 @@ def default_model() -> LoadedModel:
 def tiny_models(request) -> dict[str, Path]:
     cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     folder = cache.mkdir("rest-lsp-tiny-models") if cache else Path(tempfile.gettempdir()) / "rest-lsp-tiny-models"
-    return tiny_model_dirs(Path(folder))
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    # xdist workers share this folder: one builds the models while the other waits, then finds them built
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return tiny_model_dirs(folder)
