@@ -34,7 +34,12 @@ case "${1:-}" in
         ;;
     test)
         setup
-        "$PY" -m pytest -q --durations=15 tests
+        # Two pytest-xdist workers (CI's 2 cores; at most 4 on a larger machine: every worker starts its own
+        # servers and models), each test file whole on one worker; then the tests marked `quiet` alone (what they
+        # check depends on timings measured while they run, or they start a Ray cluster)
+        workers=$(( $(nproc) < 4 ? $(nproc) : 4 ))
+        "$PY" -m pytest -q -n "$workers" --dist loadfile -m "not quiet" --durations=15 tests
+        "$PY" -m pytest -q -m quiet --durations=5 tests
         PY="$PY" bash .ci/sanitize.sh   # the kernel tests and the stress test under ASan and UBSan
         # The tests of the default mode (marked default_dtype) once more with another default in its place: this
         # machine's own default ran above (bfloat16 where the CPU computes it, float32 for a model folder

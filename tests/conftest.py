@@ -53,6 +53,9 @@ def _keeps_folders(config) -> bool:
 def pytest_configure(config):
     config.addinivalue_line("markers", "default_dtype: depends on the dtype a load gets when none is asked for "
                                        "(run again by dev.sh with REST_LSP_DTYPE set)")
+    config.addinivalue_line("markers", "quiet: its outcome depends on timings this machine measures while it runs "
+                                       "(a step-cost curve, a calibration) or it starts a Ray cluster; dev.sh runs "
+                                       "it alone after the parallel pass (pytest-xdist), never beside another test")
     cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
     # beside the kept folders (one file system: a rename moves them), mode 700; one per xdist worker
     session = Path(tempfile.mkdtemp(prefix="rest-lsp-test-cache-",

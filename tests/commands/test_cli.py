@@ -1,6 +1,9 @@
-"""`rest-lsp generate` end to end, in a subprocess: its JSON report, and one clear sentence for bad input."""
+"""`rest-lsp generate` end to end, in a subprocess: its JSON report, and one clear sentence for bad input (most
+cases through `main` in this process)."""
 
+import io
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -33,6 +36,7 @@ def models(tiny_models, tmp_path_factory):
     return {"random": dirs["random"], "short": short}
 
 
+@pytest.mark.quiet  # the CLI sizes trees by the step cost it measures: beside another test, no tree may pay
 @pytest.mark.parametrize("dtype", modes_here())
 def test_generate_json_rest_equals_plain_and_model_generate(models, tmp_path, dtype):
     """In each mode this machine runs: REST writes what plain decoding of the same mode writes where the mode
@@ -115,14 +119,30 @@ def test_long_prompt_keeps_the_tail_and_says_so(models, tmp_path):
         (["generate", "{prompt}", "--top-p", "0"], None, "--top-p"),
     ],
 )
-def test_bad_input_is_one_clear_sentence(tmp_path, args, stdin, message):
+def test_bad_input_is_one_clear_sentence(tmp_path, capsys, caplog, monkeypatch, args, stdin, message):
+    """In this process (each case through a fresh interpreter cost ~4 s of imports; the entry point as a person runs
+    it is the subprocess case below): the sentence is all of stderr, and nothing is logged beside it."""
+    from rest_lsp.cli import main
+
     (tmp_path / "empty.py").write_text("")
     (tmp_path / "prompt.py").write_text("x = 1\n")
     args = [a.format(empty=tmp_path / "empty.py", prompt=tmp_path / "prompt.py") for a in args]
-    code, out, err = rest_lsp(*args, stdin=stdin, timeout=120)
-    assert code != 0
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin or ""))
+    caplog.set_level(logging.WARNING)
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2
     assert message in err
     assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not caplog.records, caplog.text  # a warning would be a second line on a person's terminal
+
+
+def test_bad_input_through_the_entry_point_is_one_sentence_and_exit_2(tmp_path):
+    (tmp_path / "prompt.py").write_text("x = 1\n")
+    code, out, err = rest_lsp("generate", tmp_path / "prompt.py", "--model", "/nonexistent/model.gguf", timeout=120)
+    assert code == 2 and out == ""
+    assert "does not exist" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
 
 

@@ -34,12 +34,14 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def todays_gguf_mode(path: Path) -> Decoder:
-    """The gguf mode as it ran before: transformers' fp32 model of the file, its blocks matched against it."""
+def todays_gguf_mode(path: Path, hf=None) -> Decoder:
+    """The gguf mode as it ran before: transformers' fp32 model of the file (`hf` where the caller has it), its
+    blocks matched against it."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                              local_files_only=True).eval()
+    if hf is None:
+        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                  local_files_only=True).eval()
     gguf_blocks.attach(hf, path)
     return Decoder(LoadedModel(model=hf, tokenizer=None, device=torch.device("cpu"), dtype=torch.float32,
                                name=str(path), packing="gguf"))
@@ -234,7 +236,10 @@ def test_the_default_model_loads_from_its_blocks_as_todays_gguf_mode():
     path = Path(folder) / name
     loaded = load_model(None, "cpu", "gguf")
     assert isinstance(loaded.model, gguf_direct.GgufModel)
-    direct, today = Decoder(loaded), todays_gguf_mode(path)
+    # transformers' fp32 model of the file through its kept conversion (the suite's default_model makes it once; a
+    # second conversion here cost ~45 s): the same weights as from_pretrained(gguf_file=...), test_model_cache
+    hf = load_model(None, "cpu", "float32").model
+    direct, today = Decoder(loaded), todays_gguf_mode(path, hf)
     prompt = loaded.tokenizer.encode("def fibonacci(n):\n    ")
     assert_same_as_todays(direct, today, prompt, steps=6)
     assert loaded.eos_token_ids == {2} and loaded.tokenizer.decode(prompt) == "def fibonacci(n):\n    "

@@ -1,5 +1,6 @@
-"""The README's "a .gguf is dequantized once and kept under the user's cache folder": the first load of the default
-model into an empty cache converts it, the second reads the converted copy and converts nothing. And the edges of
+"""The README's "a .gguf is dequantized once and kept under the user's cache folder": the first load of a .gguf
+(a small random one: the default model's conversion costs ~45 s on 2 cores, and the suite's default_model fixture
+makes it anyway) into an empty cache converts it, the second reads the converted copy and converts nothing. And the edges of
 loading: corrupt weights, a damaged or half-written conversion folder, a damaged cached tokenizer."""
 
 import os
@@ -12,12 +13,13 @@ from support import tiny_folder
 from transformers import LlamaForCausalLM
 
 from rest_lsp.engine import model
-from rest_lsp.engine.model import DEFAULT_GGUF_NAME, load_model
+from rest_lsp.engine.model import load_model
 
 
-@pytest.mark.slow
 def test_a_gguf_is_converted_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path))
+    (tmp_path / "files").mkdir()
+    gguf = write_gguf(tmp_path / "files" / "m.gguf", hidden=128, ffn=256, layers=2, kinds={"attn_q": "Q8_0"})
+    monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
     loads = []  # the gguf file name of each transformers load (None: a plain model folder)
     from_pretrained = model._from_pretrained
 
@@ -26,17 +28,17 @@ def test_a_gguf_is_converted_once(tmp_path, monkeypatch):
         return from_pretrained(folder, gguf_file, dtype)
 
     monkeypatch.setattr(model, "_from_pretrained", counted)
-    first = load_model(None, "cpu", "float32")
-    assert loads == [DEFAULT_GGUF_NAME], loads  # dequantized from the .gguf
-    kept = [p for p in (tmp_path / "models").iterdir()]
+    first = load_model(str(gguf), "cpu", "float32")
+    assert loads == [gguf.name], loads  # dequantized from the .gguf
+    kept = [p for p in (tmp_path / "cache" / "models").iterdir()]
     assert len(kept) == 1 and (kept[0] / "config.json").is_file(), kept  # one converted folder, no leftovers
     written = {p: p.stat().st_mtime_ns for p in kept[0].rglob("*")}
 
     loads.clear()
-    second = load_model(None, "cpu", "float32")
+    second = load_model(str(gguf), "cpu", "float32")
     assert loads == [None], loads  # the converted folder, not the .gguf
     assert {p: p.stat().st_mtime_ns for p in kept[0].rglob("*")} == written  # nothing written again
-    assert list((tmp_path / "models").iterdir()) == kept
+    assert list((tmp_path / "cache" / "models").iterdir()) == kept
     for (name, a), (_, b) in zip(first.model.state_dict().items(), second.model.state_dict().items()):
         assert torch.equal(a, b), name
 
