@@ -34,18 +34,20 @@ case "${1:-}" in
         ;;
     test)
         setup
-        # Two pytest-xdist workers (CI's 2 cores; at most 4 on a larger machine: every worker starts its own
-        # servers and models), each test file whole on one worker; then the tests marked `quiet` alone (what they
-        # check depends on timings measured while they run, or they start a Ray cluster)
-        workers=$(( $(nproc) < 4 ? $(nproc) : 4 ))
-        "$PY" -m pytest -q -n "$workers" --dist loadfile -m "not quiet" --durations=15 tests
-        "$PY" -m pytest -q -m quiet --durations=5 tests
+        # pytest-xdist workers (CI's 2 cores; at most 4 on a larger machine: each starts its own servers and
+        # models), each test file whole on one worker (tests/conftest.py's groups); then the tests marked `quiet`
+        # alone: what they check depends on timings measured while they run. The later passes collect only the
+        # files that hold their marker (collecting every file costs ~30 s here).
+        export REST_LSP_TEST_WORKERS=$(( $(nproc) < 4 ? $(nproc) : 4 ))
+        marked() { grep -rl --include='test_*.py' "pytest.mark.$1" tests; }
+        "$PY" -m pytest -q -n "$REST_LSP_TEST_WORKERS" --dist loadfile -m "not quiet" --durations=15 tests
+        "$PY" -m pytest -q -m quiet --durations=5 $(marked quiet)
         PY="$PY" bash .ci/sanitize.sh   # the kernel tests and the stress test under ASan and UBSan
         # The tests of the default mode (marked default_dtype) once more with another default in its place: this
         # machine's own default ran above (bfloat16 where the CPU computes it, float32 for a model folder
         # elsewhere); float16-weights is the default model's mode on CPUs without bf16, and a mode neither
         # default gives a model folder. REST_LSP_DTYPE is read where a load picks its dtype.
-        REST_LSP_DTYPE=float16-weights "$PY" -m pytest -q -m default_dtype tests
+        REST_LSP_DTYPE=float16-weights "$PY" -m pytest -q -m default_dtype $(marked default_dtype)
         bash .ci/editors.sh      # the VS Code extension: compile, unit tests, .vsix
         bash .ci/vscode-e2e.sh   # ... and in a real VS Code (code-server + headless Chromium), installed once
         ;;

@@ -54,8 +54,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "default_dtype: depends on the dtype a load gets when none is asked for "
                                        "(run again by dev.sh with REST_LSP_DTYPE set)")
     config.addinivalue_line("markers", "quiet: its outcome depends on timings this machine measures while it runs "
-                                       "(a step-cost curve, a calibration) or it starts a Ray cluster; dev.sh runs "
-                                       "it alone after the parallel pass (pytest-xdist), never beside another test")
+                                       "(a step-cost curve, a calibration); dev.sh runs it alone after the "
+                                       "parallel pass (pytest-xdist), never beside another test")
     cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
     # beside the kept folders (one file system: a rename moves them), mode 700; one per xdist worker
     session = Path(tempfile.mkdtemp(prefix="rest-lsp-test-cache-",
@@ -69,6 +69,26 @@ def pytest_configure(config):
     config.rest_lsp_cache_dir = session
     config.rest_lsp_forced_dtype = FORCED_DTYPE
     os.environ["REST_LSP_CACHE_DIR"] = str(session)  # subprocesses (servers, the CLI) inherit it
+
+
+# Files that share one pytest-xdist worker, one after the other, never side by side: each starts a Ray cluster.
+SAME_WORKER = {"tests/team/test_serve_cluster.py": "ray-cluster", "tests/team/test_serve_process.py": "ray-cluster"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadfile` (dev.sh): each test file whole on one worker (its module fixtures start once), and the
+    files of SAME_WORKER on one worker. (xdist's own `loadgroup` marks do not group under pytest 9.2.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileGroups(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return SAME_WORKER.get(path, path)
+
+    return FileGroups(config, log)
 
 
 def pytest_unconfigure(config):
