@@ -38,17 +38,26 @@ case "${1:-}" in
         # models), each test file whole on one worker (tests/conftest.py's groups); then the tests marked `quiet`
         # alone: what they check depends on timings measured while they run. The later passes collect only the
         # files that hold their marker (collecting every file costs ~30 s here).
-        export REST_LSP_TEST_WORKERS=$(( $(nproc) < 4 ? $(nproc) : 4 ))
+        workers=$(( $(nproc) < 4 ? $(nproc) : 4 ))
         marked() { grep -rl --include='test_*.py' "pytest.mark.$1" tests; }
-        "$PY" -m pytest -q -n "$REST_LSP_TEST_WORKERS" --dist loadfile -m "not quiet" --durations=15 tests
+        "$PY" -m pytest -q -n "$workers" --dist loadfile -m "not quiet" --durations=15 tests
         "$PY" -m pytest -q -m quiet --durations=5 $(marked quiet)
-        PY="$PY" bash .ci/sanitize.sh   # the kernel tests and the stress test under ASan and UBSan
+        # The kernel tests and the stress test under ASan and UBSan (one core, mostly the sanitized builds), its
+        # output shown when it ends; beside it on the other core, the next two passes.
+        sanitize_log=$(mktemp)
+        PY="$PY" bash .ci/sanitize.sh > "$sanitize_log" 2>&1 &
+        sanitize=$!
+        trap 'kill "$sanitize" 2>/dev/null; rm -f "$sanitize_log"' EXIT   # a pass below that fails ends it too
         # The tests of the default mode (marked default_dtype) once more with another default in its place: this
         # machine's own default ran above (bfloat16 where the CPU computes it, float32 for a model folder
         # elsewhere); float16-weights is the default model's mode on CPUs without bf16, and a mode neither
         # default gives a model folder. REST_LSP_DTYPE is read where a load picks its dtype.
         REST_LSP_DTYPE=float16-weights "$PY" -m pytest -q -m default_dtype $(marked default_dtype)
         bash .ci/editors.sh      # the VS Code extension: compile, unit tests, .vsix
+        status=0
+        wait "$sanitize" || status=$?
+        cat "$sanitize_log"
+        [ "$status" -eq 0 ] || { echo "dev.sh: the sanitizer pass failed (exit $status)." >&2; exit "$status"; }
         bash .ci/vscode-e2e.sh   # ... and in a real VS Code (code-server + headless Chromium), installed once
         ;;
     *)

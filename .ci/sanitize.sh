@@ -27,9 +27,7 @@ set +e
 # (nor the tests that build a deliberately wrong library or none: they run no kernel on data either; nor the
 # comparison of every level's bits over large shapes, minutes under the sanitizers: test_quant_tiles runs every
 # format, row count and level through the kernels here, and the comparison runs in the main pass)
-# on dev.sh's pytest-xdist workers where it sets them (each builds the sanitized kernels it runs, in its own cache)
-workers=${REST_LSP_TEST_WORKERS:-0}  # 0: in this process
-"$PY" -m pytest -q -p sanitize_report -n "$workers" --dist loadfile --durations=5 -k "not computes_wrong_results and not without_a_compiler and not each_level_computes_the_same_bits" \
+"$PY" -m pytest -q -p sanitize_report --durations=5 -k "not computes_wrong_results and not without_a_compiler and not each_level_computes_the_same_bits" \
     "${TESTS[@]}" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e

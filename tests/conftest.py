@@ -3,6 +3,7 @@ tests, and the real default model (loaded once)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -114,10 +115,50 @@ def tiny(request) -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def default_model() -> LoadedModel:
+def default_model(pytestconfig) -> LoadedModel:
     from rest_lsp.engine.model import load_model
 
-    return load_model(None, str(TEST_DEVICE), "float32")
+    with _models_shared_by_workers(pytestconfig):
+        return load_model(None, str(TEST_DEVICE), "float32")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist's controller, for each worker it starts: a folder the workers share, in its own session folder
+    (removed with it)."""
+    node.workerinput["rest_lsp_shared"] = str(node.config.rest_lsp_cache_dir / "shared")
+
+
+@contextlib.contextmanager
+def _models_shared_by_workers(config):
+    """Under pytest-xdist, the default model's conversion (~45 s on 2 cores) made once for all workers: the first
+    worker converts while the others wait, then every worker copies the kept entries (conversions, packed panels)
+    into its own cache. Without xdist: nothing."""
+    shared = getattr(config, "workerinput", {}).get("rest_lsp_shared")
+    if shared is None:
+        yield
+        return
+    shared, own = Path(shared), config.rest_lsp_cache_dir / "models"
+    shared.mkdir(mode=0o700, exist_ok=True)
+    with open(shared / "models.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _copy_entries(shared / "models", own)
+        yield
+        _copy_entries(own, shared / "models")
+
+
+def _copy_entries(source: Path, target: Path) -> None:
+    """Copies the cache entries of `source` that `target` lacks, and a whole conversion over a tokenizer-only one."""
+    if not source.is_dir():
+        return
+    target.mkdir(mode=0o700, exist_ok=True)
+    for entry in source.iterdir():
+        mine = target / entry.name
+        if entry.name.startswith(".") or mine.exists() and not (
+                (entry / "config.json").is_file() and not (mine / "config.json").is_file()):
+            continue
+        shutil.rmtree(mine, ignore_errors=True)
+        (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, mine)
 
 
 @pytest.fixture(scope="session")

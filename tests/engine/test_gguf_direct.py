@@ -225,7 +225,7 @@ def test_the_peak_memory_of_a_load_and_a_step_stays_near_the_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_default_model_loads_from_its_blocks_as_todays_gguf_mode():
+def test_the_default_model_loads_from_its_blocks_as_todays_gguf_mode(default_model, pytestconfig, monkeypatch):
     """SmolLM2-135M Q4_1 (its Q4_1 tensors requantized to Q8_0 until the kernel keeps Q4_1, its Q8_0 embedding the
     tied head's own blocks): the same panels, logits and greedy tokens as the gguf mode over transformers' model."""
     from rest_lsp.engine.model_source import resolve
@@ -236,9 +236,12 @@ def test_the_default_model_loads_from_its_blocks_as_todays_gguf_mode():
     path = Path(folder) / name
     loaded = load_model(None, "cpu", "gguf")
     assert isinstance(loaded.model, gguf_direct.GgufModel)
-    # transformers' fp32 model of the file through its kept conversion (the suite's default_model makes it once; a
-    # second conversion here cost ~45 s): the same weights as from_pretrained(gguf_file=...), test_model_cache
-    hf = load_model(None, "cpu", "float32").model
+    # transformers' fp32 model of the file, a fresh one (attach changes it) through the conversion the session's
+    # default_model keeps (a conversion of this test's own cost ~45 s): the same weights as
+    # from_pretrained(gguf_file=...), test_model_cache
+    with monkeypatch.context() as session:
+        session.setenv("REST_LSP_CACHE_DIR", str(pytestconfig.rest_lsp_cache_dir))
+        hf = load_model(None, "cpu", "float32").model
     direct, today = Decoder(loaded), todays_gguf_mode(path, hf)
     prompt = loaded.tokenizer.encode("def fibonacci(n):\n    ")
     assert_same_as_todays(direct, today, prompt, steps=6)
