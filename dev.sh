@@ -47,7 +47,7 @@ case "${1:-}" in
         sanitize_log=$(mktemp)
         PY="$PY" bash .ci/sanitize.sh > "$sanitize_log" 2>&1 &
         sanitize=$!
-        trap 'kill "$sanitize" 2>/dev/null; rm -f "$sanitize_log"' EXIT   # a pass below that fails ends it too
+        trap 'kill "$sanitize" 2>/dev/null || true; rm -f "$sanitize_log"' EXIT   # a pass below that fails ends it
         # The tests of the default mode (marked default_dtype) once more with another default in its place: this
         # machine's own default ran above (bfloat16 where the CPU computes it, float32 for a model folder
         # elsewhere); float16-weights is the default model's mode on CPUs without bf16, and a mode neither
@@ -57,6 +57,8 @@ case "${1:-}" in
         status=0
         wait "$sanitize" || status=$?
         cat "$sanitize_log"
+        rm -f "$sanitize_log"
+        trap - EXIT
         [ "$status" -eq 0 ] || { echo "dev.sh: the sanitizer pass failed (exit $status)." >&2; exit "$status"; }
         bash .ci/vscode-e2e.sh   # ... and in a real VS Code (code-server + headless Chromium), installed once
         ;;
