@@ -29,3 +29,12 @@ def test_an_unmarked_test_sees_no_forced_dtype():
 @pytest.mark.default_dtype
 def test_a_marked_test_sees_the_forced_dtype_when_one_was_given(pytestconfig):
     assert os.environ.get("REST_LSP_DTYPE") == pytestconfig.rest_lsp_forced_dtype
+
+
+def test_the_files_kept_on_one_worker_are_there():
+    """conftest.py's SAME_WORKER names files by path: one renamed or moved would run beside the other again (two Ray
+    clusters at once) without a word."""
+    from conftest import SAME_WORKER
+
+    root = Path(__file__).resolve().parents[1]
+    assert SAME_WORKER and all((root / path).is_file() for path in SAME_WORKER), SAME_WORKER
