@@ -37,7 +37,7 @@ case "${1:-}" in
         # pytest-xdist workers (CI's 2 cores; at most 4 on a larger machine: each starts its own servers and
         # models), each test file whole on one worker (tests/conftest.py's groups); then the tests marked `quiet`
         # alone: what they check depends on timings measured while they run. The later passes collect only the
-        # files that hold their marker (collecting every file costs ~30 s here).
+        # files that hold their marker (collecting every file imports and builds much they do not run).
         workers=$(( $(nproc) < 4 ? $(nproc) : 4 ))
         marked() { grep -rl --include='test_*.py' "pytest.mark.$1" tests; }
         "$PY" -m pytest -q -n "$workers" --dist loadfile -m "not quiet" --durations=15 tests

@@ -17,7 +17,7 @@ import torch
 from rest_lsp.engine.model import LoadedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # support.py and step_gate.py, for every test folder
-from support import TEST_DEVICE, tiny_model, tiny_model_dirs  # noqa: E402
+from support import SAME_WORKER, TEST_DEVICE, tiny_model, tiny_model_dirs  # noqa: E402
 
 # Tiny models run faster on one thread, and the suite shares its 2 cores with language-server subprocesses.
 torch.set_num_threads(1)
@@ -70,10 +70,6 @@ def pytest_configure(config):
     config.rest_lsp_cache_dir = session
     config.rest_lsp_forced_dtype = FORCED_DTYPE
     os.environ["REST_LSP_CACHE_DIR"] = str(session)  # subprocesses (servers, the CLI) inherit it
-
-
-# Files that share one pytest-xdist worker, one after the other, never side by side: each starts a Ray cluster.
-SAME_WORKER = {"tests/team/test_serve_cluster.py": "ray-cluster", "tests/team/test_serve_process.py": "ray-cluster"}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -131,9 +127,9 @@ def pytest_configure_node(node):
 
 @contextlib.contextmanager
 def _models_shared_by_workers(config):
-    """Under pytest-xdist, the default model's conversion (~45 s on 2 cores) made once for all workers: the first
-    worker converts while the others wait, then every worker copies the kept entries (conversions, packed panels)
-    into its own cache. Without xdist: nothing."""
+    """Under pytest-xdist, the default model's conversion (slow: a dequantization in Python) made once for all
+    workers: the first worker converts while the others wait, then every worker copies the kept entries
+    (conversions, packed panels) into its own cache. Without xdist: nothing."""
     shared = getattr(config, "workerinput", {}).get("rest_lsp_shared")
     if shared is None:
         yield

@@ -32,9 +32,9 @@ def test_a_marked_test_sees_the_forced_dtype_when_one_was_given(pytestconfig):
 
 
 def test_the_files_kept_on_one_worker_are_there():
-    """conftest.py's SAME_WORKER names files by path: one renamed or moved would run beside the other again (two Ray
-    clusters at once) without a word."""
-    from conftest import SAME_WORKER
+    """SAME_WORKER (conftest.py's scheduler) names files by path: one renamed or moved would run beside the other
+    again (two Ray clusters at once) without a word."""
+    from support import SAME_WORKER
 
     root = Path(__file__).resolve().parents[1]
     assert SAME_WORKER and all((root / path).is_file() for path in SAME_WORKER), SAME_WORKER

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 SANITIZE_ENV = "REST_LSP_KERNEL_SANITIZE"
 # -O1 last (the last -O wins): AddressSanitizer's advice, and the instrumented tiles compile many times faster than at
 # -O3 (docs/LOG.md); the arithmetic is the same (no fast-math, contraction off), so the tests' bits are too. -g1: the
-# line tables a report's stack names file:line with, without the full debug info (which took ~40% of the build)
+# line tables a report's stack names file:line with, without the full debug info, much of the build's time (LOG.md)
 SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g1",
             "-O1")
 OPENMP = ("-fopenmp",)  # tried first; the key covers it, so a library built without it is another library

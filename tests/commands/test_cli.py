@@ -120,8 +120,8 @@ def test_long_prompt_keeps_the_tail_and_says_so(models, tmp_path):
     ],
 )
 def test_bad_input_is_one_clear_sentence(tmp_path, capsys, caplog, monkeypatch, args, stdin, message):
-    """In this process (each case through a fresh interpreter cost ~4 s of imports; the entry point as a person runs
-    it is the subprocess case below): the sentence is all of stderr, and nothing is logged beside it."""
+    """In this process (a fresh interpreter per case would repeat the imports; the entry point as a person runs it
+    is the subprocess case below): the sentence is all of stderr, and nothing is logged beside it."""
     from rest_lsp.cli import main
 
     (tmp_path / "empty.py").write_text("")

@@ -236,8 +236,8 @@ def test_the_default_model_loads_from_its_blocks_as_todays_gguf_mode(default_mod
     path = Path(folder) / name
     loaded = load_model(None, "cpu", "gguf")
     assert isinstance(loaded.model, gguf_direct.GgufModel)
-    # transformers' fp32 model of the file, a fresh one (attach changes it) through the conversion the session's
-    # default_model keeps (a conversion of this test's own cost ~45 s): the same weights as
+    # transformers' fp32 model of the file, a fresh one (attach changes it), read from the conversion the session's
+    # default_model keeps rather than converted again in this test's own cache: the same weights as
     # from_pretrained(gguf_file=...), test_model_cache
     with monkeypatch.context() as session:
         session.setenv("REST_LSP_CACHE_DIR", str(pytestconfig.rest_lsp_cache_dir))

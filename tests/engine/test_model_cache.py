@@ -1,7 +1,7 @@
 """The README's "a .gguf is dequantized once and kept under the user's cache folder": the first load of a .gguf
-(a small random one: the default model's conversion costs ~45 s on 2 cores, and the suite's default_model fixture
-makes it anyway) into an empty cache converts it, the second reads the converted copy and converts nothing. And the edges of
-loading: corrupt weights, a damaged or half-written conversion folder, a damaged cached tokenizer."""
+(a small random one: the default model's conversion is slow, and the suite's default_model fixture makes it anyway)
+into an empty cache converts it, the second reads the converted copy and converts nothing. And the edges of loading:
+corrupt weights, a damaged or half-written conversion folder, a damaged cached tokenizer."""
 
 import os
 from pathlib import Path

@@ -27,7 +27,7 @@ from rest_lsp.team.http import Http
 from rest_lsp.team.protocol import API
 from rest_lsp.team.remote import RemoteService
 
-pytestmark = pytest.mark.slow  # a Ray cluster: one at a time under pytest-xdist (conftest.py: SAME_WORKER)
+pytestmark = pytest.mark.slow  # a Ray cluster: one at a time under pytest-xdist (support.py: SAME_WORKER)
 
 TEXTS = ["def add(a, b):\n    return a + b\n\nresult = add(", "def frobnicate_widget(count):\n    return count",
          "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.", "for i in range(10):\n    "]

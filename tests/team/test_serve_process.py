@@ -19,7 +19,7 @@ import pytest
 from support import TEAM_TOKEN as TOKEN
 
 psutil = pytest.importorskip("psutil")
-pytestmark = pytest.mark.slow  # a Ray cluster: one at a time under pytest-xdist (conftest.py: SAME_WORKER)
+pytestmark = pytest.mark.slow  # a Ray cluster: one at a time under pytest-xdist (support.py: SAME_WORKER)
 
 MAIN = "import sys; from rest_lsp.cli import main; sys.argv[0] = 'rest-lsp'; sys.exit(main())"
 
