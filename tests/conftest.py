@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # support.py and step_
 from support import SAME_WORKER, TEST_DEVICE, tiny_model, tiny_model_dirs  # noqa: E402
 
 # Tiny models run faster on one thread, and the suite shares its 2 cores with language-server subprocesses.
-torch.set_num_threads(1)
+SUITE_THREADS = 1
+torch.set_num_threads(SUITE_THREADS)
 
 # The dtype a load gets when none is asked for (REST_LSP_DTYPE, rest_lsp/engine/runmode.py) reaches the tests marked
 # `default_dtype` only: dev.sh runs them a second time with it set, so the other default path runs on any machine;
@@ -99,6 +101,29 @@ def pytest_unconfigure(config):
             kept.rmdir()
             os.rename(session / name, kept)  # kept for the next session
     shutil.rmtree(session, ignore_errors=True)
+
+
+def _threads_of_a_new_thread() -> int:
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_kept():
+    """Every test ends with torch's thread count as it began, in the main thread and in threads started later.
+
+    torch.set_num_threads called in another thread sets the count of every thread started after it, not the main
+    thread's: a test that leaves it so makes the later tests of its worker see two counts (a step-cost curve measured
+    in the main thread under "1 threads" is not found by a server's loader thread under "2")."""
+    yield
+    counts = (torch.get_num_threads(), _threads_of_a_new_thread())
+    if counts != (SUITE_THREADS, SUITE_THREADS):
+        torch.set_num_threads(SUITE_THREADS)
+        pytest.fail(f"this test left torch's thread count at {counts[0]} in the main thread and {counts[1]} in a new "
+                    f"thread (the suite runs on {SUITE_THREADS}); set it back where it was changed")
 
 
 @pytest.fixture(autouse=True)

@@ -181,12 +181,18 @@ class Stress:
         work.put(None)
 
     def guarded(self, target, *args):
+        # torch.set_num_threads in a thread sets the count of every thread started later (not the main thread's):
+        # each thread gives back the main thread's, so that later tests' threads run as many as it does
+        threads = torch.get_num_threads()
+
         def run():
             try:
                 target(*args)
             except BaseException as err:  # noqa: BLE001 - reported by the test's own thread
                 self.errors.append(err)
                 self.done.set()
+            finally:
+                torch.set_num_threads(threads)
         return threading.Thread(target=run, name=f"stress-{target.__name__}")
 
 
