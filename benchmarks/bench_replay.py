@@ -29,7 +29,9 @@ request and display); its latency runs from the cursor's arrival to the suggesti
 
 The workspace folder of each server is a temporary copy of the corpus in which the chosen functions' bodies
 are removed on disk too, so neither the index nor the opened buffer holds the answer. One unmeasured
-request in a scratch buffer warms each process up first.
+request in a scratch buffer warms each process up first. Each server starts with an empty cache folder (nothing
+learned: acceptance tables, step costs and the draft gate all start cold) unless `--served-before DIR` keeps them
+between runs, as a person's server keeps them between sessions (warm it on other corpora than those measured).
 
 Per configuration it prints: requests, p50/p95 latency (ms, and in plain decoding steps: the plain
 server's ms/token in this run), the first request after opening a file (median, on its own line; p50/p95
@@ -378,6 +380,20 @@ async def settle(pid: int) -> float:
     return time.perf_counter() - t0
 
 
+def server_flags(args: argparse.Namespace, config: str, tag: str, work: Path) -> list[str]:
+    """The rest-lsp server's flags for `config`: its log, its cache folder (in this run's `work` folder, else under
+    --served-before, kept between runs), the configuration's own flags and the run's model settings."""
+    flags = ["--log-level", "WARNING", "--log-file", str(work / f"server-{tag}.log"),
+             "--cache-dir", str((args.served_before or work) / f"cache-{tag}"), *CONFIGS[config]]
+    if args.model:
+        flags += ["--model", args.model]
+    if args.max_new_tokens:
+        flags += ["--max-new-tokens", str(args.max_new_tokens)]
+    if args.dtype:
+        flags += ["--dtype", args.dtype]
+    return flags
+
+
 class Replay:
     """One server process of one configuration: started, indexed and warmed up, then given episodes to write."""
 
@@ -394,14 +410,7 @@ class Replay:
         tag = f"{config}-{mode}"
         if config in LLAMAS:
             return await cls.start_llama(args, config, corpus, mode, tag, work, decisions, decide)
-        flags = ["--log-level", "WARNING", "--log-file", str(work / f"server-{tag}.log"),
-                 "--cache-dir", str(work / f"cache-{tag}"), *CONFIGS[config]]
-        if args.model:
-            flags += ["--model", args.model]
-        if args.max_new_tokens:
-            flags += ["--max-new-tokens", str(args.max_new_tokens)]
-        if args.dtype:
-            flags += ["--dtype", args.dtype]
+        flags = server_flags(args, config, tag, work)
         replay = cls(config, corpus, mode, tag, flags, work)
         t0 = time.perf_counter()
         replay.session = await ServerSession.start(server_command(*flags), root)
@@ -536,6 +545,7 @@ async def run(args: argparse.Namespace) -> dict:
         "device": "server default (cpu here)", "dtype": args.dtype or "server default", "cpu_count": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
         "seed": args.seed, "functions_per_corpus": args.functions, "max_lines": args.lines, "modes": modes,
+        "served_before": str(args.served_before) if args.served_before else None,
         "pause_ms": args.pause_ms, "max_new_tokens": args.max_new_tokens or "server default",
         "configs": {c: list(CONFIGS[c]) for c in args.configs}, "plans": plans, "threads": args.threads,
         "llama_vim_speculative": not args.no_speculative if set(LLAMAS) & set(args.configs) else None,
@@ -788,11 +798,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "in our server)")
     parser.add_argument("--no-speculative", action="store_true",
                         help="llama-server configuration: no speculative request after a shown suggestion")
+    parser.add_argument("--served-before", type=Path, default=None, metavar="DIR",
+                        help="the servers' cache folders under DIR, kept between runs: a server that has served "
+                             "before (its acceptance tables, learned step costs and draft gate, keyed by model, mode "
+                             "and machine), as a person's server after its first session; default: fresh ones")
     parser.add_argument("--out", type=Path, default=RESULTS / "replay.json",
                         help="the JSON of all requests; the PNG goes beside it")
     args = parser.parse_args(argv)
     if args.threads is None:
         args.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if args.served_before is not None:
+        args.served_before = args.served_before.resolve()
+        args.served_before.mkdir(mode=0o700, parents=True, exist_ok=True)
     args.corpus = [c.resolve() for c in args.corpus or DEFAULT_CORPORA]
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = [c for c in args.configs if c not in CONFIGS]

@@ -24,8 +24,10 @@ from benchmarks.bench_replay import (  # noqa: E402
     decode_rates,
     find_functions,
     first_line_matches,
+    parse_args,
     percentile,
     plan_episode,
+    server_flags,
     settle,
     split_lines,
     table,
@@ -261,3 +263,17 @@ def test_prompt_tokens_per_answer_average_the_model_answers_from_either_servers_
             {"answer": "cache", "prefill_tokens": 0}]
     theirs = [{"answer": "model", "prompt_n": 900}, {"answer": "model", "prompt_n": 100}, {"answer": "empty"}]
     assert _per_answer(ours) == 20 and _per_answer(theirs) == 500 and _per_answer([{"answer": "cache"}]) is None
+
+
+def test_servers_start_cold_unless_served_before_keeps_their_cache_folders_between_runs(tmp_path):
+    def cache_of(argv: list[str], work: Path) -> Path:
+        flags = server_flags(parse_args(argv), "rest", "rest-line", work)
+        return Path(flags[flags.index("--cache-dir") + 1])
+
+    fresh = cache_of(["--corpus", str(tmp_path)], tmp_path / "run1")
+    assert fresh == tmp_path / "run1" / "cache-rest-line"  # inside the run's own folder, removed with it
+    kept = tmp_path / "kept"
+    first = cache_of(["--corpus", str(tmp_path), "--served-before", str(kept)], tmp_path / "run1")
+    second = cache_of(["--corpus", str(tmp_path), "--served-before", str(kept)], tmp_path / "run2")
+    assert first == second == kept / "cache-rest-line"
+    assert kept.is_dir() and kept.stat().st_mode & 0o077 == 0  # the servers' cache folders must be private
