@@ -228,12 +228,12 @@ def cursor_at_end(text: str) -> tuple[int, int]:
 
 TEAM_TOKEN = "s3cret-token-for-tests-0123456789"  # the team server tests' bearer token
 
-# Where the model fixtures run: the CPU, unless a GPU run of the exactness tests asks for another device
-# (REST_LSP_TEST_DEVICE=cuda; see benchmarks/gpu_check.sh).
 # Files that share one pytest-xdist worker, one after the other, never side by side (conftest.py's scheduler): each
 # starts a Ray cluster.
 SAME_WORKER = {"tests/team/test_serve_cluster.py": "ray-cluster", "tests/team/test_serve_process.py": "ray-cluster"}
 
+# Where the model fixtures run: the CPU, unless a GPU run of the exactness tests asks for another device
+# (REST_LSP_TEST_DEVICE=cuda; see benchmarks/gpu_check.sh).
 TEST_DEVICE = torch.device(os.environ.get("REST_LSP_TEST_DEVICE", "cpu"))
 
 
