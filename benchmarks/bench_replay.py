@@ -38,8 +38,8 @@ server's ms/token in this run), the first request after opening a file (median, 
 cover the other requests), first line exactly right (the suggestion's first line equals the rest of the true
 line), characters kept (the suggestion's longest common prefix with what the person wrote from the cursor on) and
 suggestions shown, tokens/step and ms/token (server stats; llama-server's own timings, one token a step), the
-REST/plain and REST/llama-server ratios, and the requests whose suggestions differ between rest-lsp's
-configurations. It writes every request's record to a JSON file (with the run's date, commit and
+REST/plain and REST/llama-server ratios, REST's decode time over plain's per request both decoded (median and
+sum), and the requests whose suggestions differ between rest-lsp's configurations. It writes every request's record to a JSON file (with the run's date, commit and
 machine) and each configuration's latency distribution to a PNG beside it (benchmarks/results/ by default).
 
     .venv/bin/python benchmarks/bench_replay.py [--corpus DIR ...] [--functions 4] [--lines 8] [--mode line]
@@ -654,6 +654,20 @@ def add_summary(results: dict, configs: list[str]) -> None:
             s["p50_plain_steps"] = s["p50_ms"] / plain_step if plain_step and s["p50_ms"] is not None else None
             s["p95_plain_steps"] = s["p95_ms"] / plain_step if plain_step and s["p95_ms"] is not None else None
     results["identical"] = compare(records, exact_configs(configs))
+    results["decoded_by_both"] = {mode: decoded_by_both(records, mode) for mode in results["modes"]}
+
+
+def decoded_by_both(records: list[dict], mode: str, a: str = "rest", b: str = "plain") -> dict | None:
+    """Over the requests of `mode` that both `a` and `b` decoded (decode time counted, neither answered from a
+    cache or an earlier decode), a's decode time over b's: {"requests", "median", "sum"} (issue 41's measure of
+    whether REST pays per request); None without such a request."""
+    mine = {key_of(r): r for r in records if r["config"] == a and r["mode"] == mode and r.get("decode_ms")}
+    pairs = [(mine[key_of(r)]["decode_ms"], r["decode_ms"]) for r in records
+             if r["config"] == b and r["mode"] == mode and r.get("decode_ms") and key_of(r) in mine]
+    if not pairs:
+        return None
+    return {"requests": len(pairs), "median": statistics.median(x / y for x, y in pairs),
+            "sum": sum(x for x, _ in pairs) / sum(y for _, y in pairs)}
 
 
 def exact_configs(configs: list[str]) -> list[str]:
@@ -720,6 +734,10 @@ def table(results: dict, configs: list[str]) -> str:
                 out.append(f"\n{c} answered no request with this model: {per[c]['unsupported']}")
         plain_step = s[0]["plain_step_ms"]
         out.append("")
+        both = results.get("decoded_by_both", {}).get(mode)
+        if both is not None:
+            out.append(f"Requests decoded by both rest and plain ({both['requests']}): REST's decode time over "
+                       f"plain's, median {both['median']:.2f}x, summed {both['sum']:.2f}x.")
         out.append(f"Plain decoding step in this run (ms/token of the plain server): {_num(plain_step, '.1f')} ms. "
                    f"tokens/step and ms/token: {s[0]['source']}.")
         if any(c in LLAMAS for c in configs):

@@ -22,6 +22,7 @@ from benchmarks.bench_replay import (  # noqa: E402
     compare,
     cpu_seconds,
     decode_rates,
+    decoded_by_both,
     find_functions,
     first_line_matches,
     parse_args,
@@ -225,6 +226,21 @@ def test_the_table_has_each_mode_the_ratios_the_plain_step_and_the_mismatches():
     assert "p50 latency, ms (plain steps) | 402 (10.0) | 802 (20.0) | 0.50x |" in out
     assert "Plain decoding step in this run (ms/token of the plain server): 40.0 ms." in out
     assert out.count(", 1 mismatches.") == 2 and "mismatch json/tool.py:22 (line-start): rest='y'  vs  plain='z'" in out
+    assert out.count("Requests decoded by both rest and plain (3): REST's decode time over plain's, median 1.50x, "
+                     "summed 1.50x.") == 2
+
+
+def test_per_request_ratios_count_only_the_requests_both_decoded():
+    """REST's decode time over plain's per request both decoded: a request one of them answered from a prefetch or
+    a cache (no decode time) is left out, and the median is of the ratios, not a ratio of medians."""
+    records = [record("rest", 0, "a", decode_ms=50.0), record("plain", 0, "a", decode_ms=100.0),
+               record("rest", 1, "b", decode_ms=90.0), record("plain", 1, "b", decode_ms=100.0),
+               record("rest", 2, "c", decode_ms=300.0), record("plain", 2, "c", decode_ms=200.0),
+               record("rest", 3, "d", decode_ms=0.0), record("plain", 3, "d", decode_ms=100.0),
+               record("rest", 4, "e", decode_ms=80.0), record("plain", 4, "e")]
+    both = decoded_by_both(records, "line")
+    assert both == {"requests": 3, "median": 0.9, "sum": pytest.approx(440 / 400)}
+    assert decoded_by_both(records, "typed") is None
 
 
 def test_a_turn_ends_once_the_servers_process_is_idle():
