@@ -37,7 +37,8 @@ Per configuration it prints: requests, p50/p95 latency (ms, and in plain decodin
 server's ms/token in this run), the first request after opening a file (median, on its own line; p50/p95
 cover the other requests), first line exactly right (the suggestion's first line equals the rest of the true
 line), characters kept (the suggestion's longest common prefix with what the person wrote from the cursor on) and
-suggestions shown, tokens/step and ms/token (server stats; llama-server's own timings, one token a step), the
+suggestions shown, tokens/step and ms/token (server stats; llama-server's own timings, one token a step; ms/token
+also as the median of the requests' own), the
 REST/plain and REST/llama-server ratios, REST's decode time over plain's per request both decoded (median and
 sum), and the requests whose suggestions differ between rest-lsp's configurations. It writes every request's record to a JSON file (with the run's date, commit and
 machine) and each configuration's latency distribution to a PNG beside it (benchmarks/results/ by default).
@@ -604,7 +605,15 @@ def summarize(records: list[dict], processes: list[dict]) -> dict:
         "prompt_tokens_per_answer": _per_answer(records),
         "draft_accepted": sum(r.get("draft_n_accepted") or 0 for r in records),
         **decode_rates(records, processes),
+        "ms_per_token_median": _median_ms_per_token(records),
     }
+
+
+def _median_ms_per_token(records: list[dict]) -> float | None:
+    """The median over decoded requests of each one's decode time per token: unlike the ratio of sums, a few slow
+    requests (llama-server decoding while llama.vim's ring-buffer prompts are computed beside it) do not set it."""
+    rates = [r["decode_ms"] / r["generated_tokens"] for r in records if r.get("decode_ms") and r.get("generated_tokens")]
+    return statistics.median(rates) if rates else None
 
 
 def key_of(r: dict) -> tuple:
@@ -612,8 +621,11 @@ def key_of(r: dict) -> tuple:
 
 
 def compare(records: list[dict], configs: list[str]) -> dict:
-    """Per mode: were the request sequences identical, and which suggestions differ from the first config's."""
+    """Per mode: were the request sequences identical, and which suggestions differ from the first config's (none
+    to compare: nothing)."""
     out = {}
+    if not configs:
+        return out
     base = configs[0]
     for mode in sorted({r["mode"] for r in records}):
         by_config = {c: [r for r in records if r["config"] == c and r["mode"] == mode] for c in configs}
@@ -680,7 +692,10 @@ MS_PER_TOKEN_NOTE = (
     "ms/token is not counted alike: rest-lsp's is its decode time per token generated, from the first step on "
     "(that step also computes the prompt's uncached tail of up to 64 tokens, e.g. the line just written; drafting "
     "and the stop checks included; the first token counted); llama-server's is predicted_ms per token after the "
-    "first (the first comes from the prompt's pass, timed in its prompt_ms), as its predicted_per_token_ms.")
+    "first (the first comes from the prompt's pass, timed in its prompt_ms), as its predicted_per_token_ms. "
+    "llama-server decodes beside llama.vim's other requests (its ring buffer's chunks, its speculative requests): "
+    "a decode that shares the server with their prompts takes seconds, which sets the ratio of sums; the median "
+    "row is each request's own rate.")
 
 
 def _ratio(a, b) -> str:
@@ -719,6 +734,8 @@ def table(results: dict, configs: list[str]) -> str:
             ("suggestions shown", cell(lambda x: f"{x['shown']}/{x['requests']}"), None),
             ("tokens/step", cell(lambda x: _num(x["tokens_per_step"], ".2f")), "tokens_per_step"),
             ("ms/token", cell(lambda x: _num(x["ms_per_token"], ".1f")), "ms_per_token"),
+            ("ms/token, median of the decoded requests", cell(lambda x: _num(x.get("ms_per_token_median"), ".1f")),
+             "ms_per_token_median"),
         ]
         rows.append(("prompt tokens computed per model answer",
                      cell(lambda x: _num(x.get("prompt_tokens_per_answer"), ".0f")), None))
@@ -742,8 +759,8 @@ def table(results: dict, configs: list[str]) -> str:
                    f"tokens/step and ms/token: {s[0]['source']}.")
         if any(c in LLAMAS for c in configs):
             out.append(MS_PER_TOKEN_NOTE)
-        same = results["identical"][mode]
         if len(exact_configs(configs)) > 1:
+            same = results["identical"][mode]
             cut = len(same.get("cut_at_a_line_end", []))
             out.append(f"Request sequences identical across configurations: {'yes' if same['same_requests'] else 'NO'}. "
                        f"Identical suggestions: {same['compared'] - len(same['mismatches']) - cut}/{same['compared']} "

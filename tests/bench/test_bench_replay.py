@@ -193,6 +193,7 @@ def test_compare_lists_every_request_whose_suggestion_differs_between_configurat
     assert same["same_requests"] and same["compared"] == 2
     assert [(m["line"], m["rest"], m["plain"]) for m in same["mismatches"]] == [(21, "y", "z")]
     assert not compare(records[:3], ["rest", "plain"])["line"]["same_requests"]
+    assert compare(records, []) == {}  # llama-server alone: no rest-lsp configuration to compare
 
 
 def test_a_suggestion_cut_at_a_line_end_is_told_apart_from_a_mismatch():
@@ -223,11 +224,40 @@ def test_the_table_has_each_mode_the_ratios_the_plain_step_and_the_mismatches():
     out = table(results, ["rest", "plain"])
     assert "| line mode | rest | plain | rest/plain |" in out and "| typed mode |" in out
     assert "| tokens/step | 3.00 | 1.00 | 3.00x |" in out and "| ms/token | 20.0 | 40.0 | 0.50x |" in out
+    assert "| ms/token, median of the decoded requests | 20.0 | 40.0 | 0.50x |" in out
     assert "p50 latency, ms (plain steps) | 402 (10.0) | 802 (20.0) | 0.50x |" in out
     assert "Plain decoding step in this run (ms/token of the plain server): 40.0 ms." in out
     assert out.count(", 1 mismatches.") == 2 and "mismatch json/tool.py:22 (line-start): rest='y'  vs  plain='z'" in out
     assert out.count("Requests decoded by both rest and plain (3): REST's decode time over plain's, median 1.50x, "
                      "summed 1.50x.") == 2
+
+
+def test_a_table_of_llama_server_alone_has_no_comparison_of_suggestions():
+    requests = []
+    for step in range(3):
+        r = record("llama-server", step, "x = 1", prompt_n=100)
+        r.update(ms=1000.0 + step, first_after_open=step == 0, answer="model", first_line_match=False)
+        requests.append(r)
+    results = {"requests": requests, "processes": [], "modes": ["line"], "functions_per_corpus": 1,
+               "max_lines": 3, "plans": [{"corpus": "/x/json"}], "seed": 0, "pause_ms": 0, "max_new_tokens": 8,
+               "model": "m", "driver": "d", "load_average_before_after": [0, 0], "cpu_count": 2}
+    add_summary(results, ["llama-server"])
+    out = table(results, ["llama-server"])
+    assert "| line mode | llama-server |" in out and "Identical suggestions" not in out
+
+
+def test_the_median_ms_per_token_is_of_the_requests_own_rates():
+    """One request decoded while the server computed other prompts beside it sets the ratio of sums, not the
+    median; a request answered without decoding is left out."""
+    from benchmarks.bench_replay import summarize
+
+    records = [record("llama-server", i, "x", generated_tokens=10, decode_steps=10, decode_ms=ms)
+               for i, ms in enumerate((200.0, 240.0, 5000.0))] + [record("llama-server", 3, "y", generated_tokens=0,
+                                                              decode_steps=0, decode_ms=0.0)]
+    for r in records:
+        r.update(ms=1.0, first_after_open=False, answer="model", first_line_match=False)
+    s = summarize(records, [])
+    assert s["ms_per_token"] == pytest.approx(5440 / 30) and s["ms_per_token_median"] == 24.0
 
 
 def test_per_request_ratios_count_only_the_requests_both_decoded():
