@@ -83,10 +83,14 @@ def child_rest(path: Path, prompt: list[int], n_new: int, threads: int) -> dict:
     decoder = Decoder(loaded)
     decoder.generate(prompt[:16], ContextLookup(), DecodeConfig(max_new_tokens=4, budget=0))  # warm-up
     decoder.reset()
-    result = decoder.generate(prompt, ContextLookup(), DecodeConfig(max_new_tokens=n_new, budget=0))
-    # plain decoding: one step per token after the first (which the prefill gives), as llama_cpp_peer counts
-    return {"load_s": load_s, "mode": loaded.mode, "tokens": len(result.tokens), "prefill_ms": result.prefill_ms,
-            "ms_per_token": result.decode_ms / result.steps if result.steps else None, **memory()}
+    # the prompt and the first token (the first step computes the prompt's last CHAIN_TAIL tokens under it), then
+    # plain decoding on the cache that left: one step per token after the first, as llama_cpp_peer counts
+    first = decoder.generate(prompt, ContextLookup(), DecodeConfig(max_new_tokens=1, budget=0))
+    result = decoder.generate(prompt + first.tokens, ContextLookup(), DecodeConfig(max_new_tokens=n_new - 1, budget=0))
+    return {"load_s": load_s, "mode": loaded.mode, "tokens": len(first.tokens) + len(result.tokens),
+            "prefill_ms": first.prefill_ms + first.decode_ms,
+            "ms_per_token": result.decode_ms / result.steps if result.steps else None,
+            "later_prefill_tokens": result.prefill_tokens, **memory()}
 
 
 def child_llama(path: Path, prompt: list[int], n_new: int, threads: int) -> dict:
@@ -163,12 +167,22 @@ def available_gb() -> float:
     return 20.0
 
 
+def wait_policy(load: float, cores: int, threads: int) -> str | None:
+    """OpenMP's wait policy for the children: PASSIVE on a loaded machine (a spinning thread beside a descheduled
+    one costs either side tenfold: llama_cpp_peer.py), else the default (each thread spins a while at a barrier;
+    PASSIVE there sleeps and wakes it at every parallel region, which cost both sides on a quiet Zen 4: rest-lsp's
+    0.5B step 19 -> 24 ms, llama.cpp's 21 -> 41 ms/token)."""
+    return "PASSIVE" if threads > 1 and load > cores * 0.75 else None
+
+
 def run_child(side: str, file: Path, prompt: Path, args: argparse.Namespace) -> dict:
     cap = int(args.mem_cap_gb * (1 << 30)) + file.stat().st_size
     env = dict(os.environ)
     cache = tempfile.mkdtemp(prefix="rest-lsp-sizes-cache-")
     env["REST_LSP_CACHE_DIR"] = cache  # rest-lsp's conversion cache: removed below
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    policy = wait_policy(os.getloadavg()[0], len(os.sched_getaffinity(0)), args.threads)
+    if policy:
+        env.setdefault("OMP_WAIT_POLICY", policy)
     command = ["prlimit", f"--as={cap}", "--", sys.executable, str(Path(__file__).resolve()), "--child", side,
                "--file", str(file), "--prompt", str(prompt), "--n-new", str(args.n_new), "--prompt-tokens", str(args.prompt_tokens),
                "--threads", str(args.threads)]
@@ -182,7 +196,8 @@ def run_child(side: str, file: Path, prompt: Path, args: argparse.Namespace) -> 
     wall = time.perf_counter() - t0
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
-            return {**json.loads(line[len("RESULT "):]), "wall_s": wall}
+            return {**json.loads(line[len("RESULT "):]), "wall_s": wall,
+                    "omp_wait_policy": env.get("OMP_WAIT_POLICY") or "default"}
     return {"error": classify_failure(out.returncode, out.stderr + out.stdout, cap / (1 << 30)), "wall_s": wall,
             "stderr_tail": out.stderr[-1500:]}
 
@@ -312,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     text = table(rows, args.sides, labels)
     print(f"threads {args.threads}, prompt {args.prompt_tokens} tokens, {args.n_new} new tokens, each child capped at "
-          f"{args.mem_cap_gb:g} GB of address space plus its file's size; load average {os.getloadavg()[0]:.1f}\n")
+          f"{args.mem_cap_gb:g} GB of address space plus its file's size; load average {os.getloadavg()[0]:.1f}; "
+          f"OpenMP wait policy: {', '.join(sorted({r.get('omp_wait_policy', '?') for row in rows for r in row['sides'].values()}))}\n")
     print(text)
     write_json(RESULTS / f"{args.out}.json", {"rows": rows, "threads": args.threads, "n_new": args.n_new,
                                               "prompt_tokens": args.prompt_tokens, "mem_cap_gb": args.mem_cap_gb,

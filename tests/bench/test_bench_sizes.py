@@ -52,3 +52,13 @@ def test_speculations_tokens_per_pass_count_the_tokens_after_the_first():
     assert PeerRun(10, 1.0, 1.0, list(range(11)), drafted=12, accepted=6).tokens_per_step == 10 / 4
     assert PeerRun(10, 1.0, 1.0, list(range(11))).tokens_per_step == 1.0
     assert PeerRun(10, 1.0, 1.0, [5]).tokens_per_step == 1.0
+
+
+def test_children_wait_passively_only_on_a_loaded_machine():
+    """OpenMP threads that sleep at every barrier cost a quiet machine's step (both sides); spinning beside a
+    descheduled thread costs a loaded one far more."""
+    from benchmarks.bench_sizes import wait_policy
+
+    assert wait_policy(0.3, 2, 2) is None
+    assert wait_policy(1.8, 2, 2) == "PASSIVE"
+    assert wait_policy(8.0, 2, 1) is None  # one thread waits for no other
