@@ -238,12 +238,19 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
             const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
             int32_t sum = xs[r * nb + b], half = SPLIT(F) ? xh[r * nb + b] : sum;                             \
             __m512i s = _mm512_set1_epi32(-OFFSET(F) * half), s1 = _mm512_set1_epi32(-OFFSET(F) * (sum - half)); \
+            __m512i t = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();                                  \
             for (int g = 0; g < 8; g++) {                                                                     \
                 int32_t four;                                                                                 \
                 memcpy(&four, xr + 4 * g, 4);                                                                 \
-                if (SPLIT(F) && g >= 4) s1 = _mm512_dpbusd_epi32(s1, w[g], _mm512_set1_epi32(four));          \
-                else s = _mm512_dpbusd_epi32(s, w[g], _mm512_set1_epi32(four));                               \
+                __m512i x4 = _mm512_set1_epi32(four);                                                         \
+                if (SPLIT(F) && g >= 4) {                                                                     \
+                    if (g & 1) t1 = _mm512_dpbusd_epi32(t1, w[g], x4);                                        \
+                    else s1 = _mm512_dpbusd_epi32(s1, w[g], x4);                                              \
+                } else if (g & 1) t = _mm512_dpbusd_epi32(t, w[g], x4);                                       \
+                else s = _mm512_dpbusd_epi32(s, w[g], x4);                                                    \
             }                                                                                                 \
+            s = _mm512_add_epi32(s, t); /* two chains of dependent dpbusd, not one: exact int32 sums either way */ \
+            s1 = _mm512_add_epi32(s1, t1);                                                                    \
             __m512 dx = _mm512_set1_ps(xd[r * nb + b]);                                                       \
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(f0, dx), acc[r]);                   \
             if (TWO(F))                                                                                       \
