@@ -86,7 +86,8 @@ def child_rest(path: Path, prompt: list[int], n_new: int, threads: int) -> dict:
     # the prompt and the first token (the first step computes the prompt's last CHAIN_TAIL tokens under it), then
     # plain decoding on the cache that left: one step per token after the first, as llama_cpp_peer counts
     first = decoder.generate(prompt, ContextLookup(), DecodeConfig(max_new_tokens=1, budget=0))
-    result = decoder.generate(prompt + first.tokens, ContextLookup(), DecodeConfig(max_new_tokens=n_new - 1, budget=0))
+    result = decoder.generate(prompt + first.tokens, ContextLookup(),
+                              DecodeConfig(max_new_tokens=n_new - 1, budget=0))
     return {"load_s": load_s, "mode": loaded.mode, "tokens": len(first.tokens) + len(result.tokens),
             "prefill_ms": first.prefill_ms + first.decode_ms,
             "ms_per_token": result.decode_ms / result.steps if result.steps else None,
@@ -326,9 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             os.unlink(f.name)
         rows.append(row)
     text = table(rows, args.sides, labels)
+    policies = ", ".join(sorted({got.get("omp_wait_policy", "?") for row in rows for got in row["sides"].values()}))
     print(f"threads {args.threads}, prompt {args.prompt_tokens} tokens, {args.n_new} new tokens, each child capped at "
           f"{args.mem_cap_gb:g} GB of address space plus its file's size; load average {os.getloadavg()[0]:.1f}; "
-          f"OpenMP wait policy: {', '.join(sorted({r.get('omp_wait_policy', '?') for row in rows for r in row['sides'].values()}))}\n")
+          f"OpenMP wait policy: {policies}\n")
     print(text)
     write_json(RESULTS / f"{args.out}.json", {"rows": rows, "threads": args.threads, "n_new": args.n_new,
                                               "prompt_tokens": args.prompt_tokens, "mem_cap_gb": args.mem_cap_gb,
