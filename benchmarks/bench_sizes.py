@@ -169,11 +169,14 @@ def available_gb() -> float:
 
 
 def wait_policy(load: float, cores: int, threads: int) -> str | None:
-    """OpenMP's wait policy for the children: PASSIVE on a loaded machine (a spinning thread beside a descheduled
-    one costs either side tenfold: llama_cpp_peer.py), else the default (each thread spins a while at a barrier;
+    """OpenMP's wait policy for the children: PASSIVE on a loaded machine (llama_cpp_peer.busy: a spinning thread
+    beside a descheduled one costs either side tenfold), else the default (each thread spins a while at a barrier;
     PASSIVE there sleeps and wakes it at every parallel region, which cost both sides on a quiet Zen 4: rest-lsp's
-    0.5B step 19 -> 24 ms, llama.cpp's 21 -> 41 ms/token)."""
-    return "PASSIVE" if threads > 1 and load > cores * 0.75 else None
+    0.5B step 19 -> 24 ms, llama.cpp's 21 -> 41 ms/token). Decided once, before the first child: the load the
+    children themselves make must not decide it for the next."""
+    from benchmarks.llama_cpp_peer import busy
+
+    return "PASSIVE" if busy(threads, load, cores) else None
 
 
 def run_child(side: str, file: Path, prompt: Path, args: argparse.Namespace) -> dict:
@@ -181,9 +184,8 @@ def run_child(side: str, file: Path, prompt: Path, args: argparse.Namespace) -> 
     env = dict(os.environ)
     cache = tempfile.mkdtemp(prefix="rest-lsp-sizes-cache-")
     env["REST_LSP_CACHE_DIR"] = cache  # rest-lsp's conversion cache: removed below
-    policy = wait_policy(os.getloadavg()[0], len(os.sched_getaffinity(0)), args.threads)
-    if policy:
-        env.setdefault("OMP_WAIT_POLICY", policy)
+    if args.wait_policy:
+        env.setdefault("OMP_WAIT_POLICY", args.wait_policy)
     command = ["prlimit", f"--as={cap}", "--", sys.executable, str(Path(__file__).resolve()), "--child", side,
                "--file", str(file), "--prompt", str(prompt), "--n-new", str(args.n_new), "--prompt-tokens", str(args.prompt_tokens),
                "--threads", str(args.threads)]
@@ -197,8 +199,7 @@ def run_child(side: str, file: Path, prompt: Path, args: argparse.Namespace) -> 
     wall = time.perf_counter() - t0
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
-            return {**json.loads(line[len("RESULT "):]), "wall_s": wall,
-                    "omp_wait_policy": env.get("OMP_WAIT_POLICY") or "default"}
+            return {**json.loads(line[len("RESULT "):]), "wall_s": wall}
     return {"error": classify_failure(out.returncode, out.stderr + out.stdout, cap / (1 << 30)), "wall_s": wall,
             "stderr_tail": out.stderr[-1500:]}
 
@@ -313,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         raise SystemExit("bench_sizes: no .gguf file given (name files, --dir or --real).")
     labels = {"rest": "rest-lsp", "llama.cpp": args.llama_label}
+    args.wait_policy = wait_policy(os.getloadavg()[0], len(os.sched_getaffinity(0)), args.threads)
     rows = []
     for file in files:
         row = {"file": str(file), "name": file.name, "gb": file.stat().st_size / 1e9, "sides": {}}
@@ -327,14 +329,14 @@ def main(argv: list[str] | None = None) -> int:
             os.unlink(f.name)
         rows.append(row)
     text = table(rows, args.sides, labels)
-    policies = ", ".join(sorted({got.get("omp_wait_policy", "?") for row in rows for got in row["sides"].values()}))
+    policy = os.environ.get("OMP_WAIT_POLICY") or args.wait_policy or "the default"
     print(f"threads {args.threads}, prompt {args.prompt_tokens} tokens, {args.n_new} new tokens, each child capped at "
           f"{args.mem_cap_gb:g} GB of address space plus its file's size; load average {os.getloadavg()[0]:.1f}; "
-          f"OpenMP wait policy: {policies}\n")
+          f"OpenMP wait policy: {policy}\n")
     print(text)
     write_json(RESULTS / f"{args.out}.json", {"rows": rows, "threads": args.threads, "n_new": args.n_new,
                                               "prompt_tokens": args.prompt_tokens, "mem_cap_gb": args.mem_cap_gb,
-                                              "llama_label": args.llama_label})
+                                              "llama_label": args.llama_label, "omp_wait_policy": policy})
     png = FIGURES / f"{args.out}.png"
     plot(rows, args.sides, labels, png)
     print(f"\nsaved {RESULTS / f'{args.out}.json'} and {png}")

@@ -193,11 +193,17 @@ def main() -> None:
     warn_if_busy(threads)
 
 
+def busy(threads: int, load: float, cores: int) -> bool:
+    """Whether `threads` OpenMP threads share cores with other work at this load: each spins at every barrier, so a
+    multi-threaded step waits for a descheduled thread (here 2 threads at load 3 on 2 cores: 427 ms/token;
+    OMP_WAIT_POLICY=PASSIVE: 35)."""
+    return threads > 1 and load > cores * 0.75
+
+
 def warn_if_busy(threads: int) -> None:
-    """OpenMP threads spin at every barrier: on cores shared with other work a multi-threaded step waits for a
-    descheduled thread (here 2 threads at load 3 on 2 cores: 427 ms/token; OMP_WAIT_POLICY=PASSIVE: 35)."""
+    """A note where the timings just taken mostly measure OpenMP spin-waits (`busy`)."""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if threads > 1 and load > cores * 0.75 and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+    if busy(threads, load, cores) and os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
         print(f"note: load average {load:.1f} on {cores} cores; with {threads} threads these timings mostly measure "
               "OpenMP spin-waits: rerun on an idle machine or with OMP_WAIT_POLICY=PASSIVE.")
 
