@@ -38,10 +38,10 @@ server's ms/token in this run), the first request after opening a file (median, 
 cover the other requests), first line exactly right (the suggestion's first line equals the rest of the true
 line), characters kept (the suggestion's longest common prefix with what the person wrote from the cursor on) and
 suggestions shown, tokens/step and ms/token (server stats; llama-server's own timings, one token a step; ms/token
-also as the median of the requests' own), the
-REST/plain and REST/llama-server ratios, REST's decode time over plain's per request both decoded (median and
-sum), and the requests whose suggestions differ between rest-lsp's configurations. It writes every request's record to a JSON file (with the run's date, commit and
-machine) and each configuration's latency distribution to a PNG beside it (benchmarks/results/ by default).
+also as the median of the requests' own), the REST/plain and REST/llama-server ratios, REST's decode time over
+plain's per request both decoded (median and sum), and the requests whose suggestions differ between rest-lsp's
+configurations. It writes every request's record to a JSON file (with the run's date, commit and machine) and each
+configuration's latency distribution to a PNG beside it (benchmarks/results/ by default).
 
     .venv/bin/python benchmarks/bench_replay.py [--corpus DIR ...] [--functions 4] [--lines 8] [--mode line]
         [--pause-ms 100] [--configs rest,plain,llama-server] [--seed 0] [--model M] [--max-new-tokens N] [--dtype T]
@@ -612,7 +612,8 @@ def summarize(records: list[dict], processes: list[dict]) -> dict:
 def _median_ms_per_token(records: list[dict]) -> float | None:
     """The median over decoded requests of each one's decode time per token: unlike the ratio of sums, a few slow
     requests (llama-server decoding while llama.vim's ring-buffer prompts are computed beside it) do not set it."""
-    rates = [r["decode_ms"] / r["generated_tokens"] for r in records if r.get("decode_ms") and r.get("generated_tokens")]
+    rates = [r["decode_ms"] / r["generated_tokens"] for r in records
+             if r.get("decode_ms") and r.get("generated_tokens")]
     return statistics.median(rates) if rates else None
 
 

@@ -31,6 +31,7 @@ from benchmarks.bench_replay import (  # noqa: E402
     server_flags,
     settle,
     split_lines,
+    summarize,
     table,
     without_bodies,
 )
@@ -249,11 +250,9 @@ def test_a_table_of_llama_server_alone_has_no_comparison_of_suggestions():
 def test_the_median_ms_per_token_is_of_the_requests_own_rates():
     """One request decoded while the server computed other prompts beside it sets the ratio of sums, not the
     median; a request answered without decoding is left out."""
-    from benchmarks.bench_replay import summarize
-
-    records = [record("llama-server", i, "x", generated_tokens=10, decode_steps=10, decode_ms=ms)
-               for i, ms in enumerate((200.0, 240.0, 5000.0))] + [record("llama-server", 3, "y", generated_tokens=0,
-                                                              decode_steps=0, decode_ms=0.0)]
+    decoded = [record("llama-server", i, "x", generated_tokens=10, decode_steps=10, decode_ms=ms)
+               for i, ms in enumerate((200.0, 240.0, 5000.0))]
+    records = decoded + [record("llama-server", 3, "y", generated_tokens=0, decode_steps=0, decode_ms=0.0)]
     for r in records:
         r.update(ms=1.0, first_after_open=False, answer="model", first_line_match=False)
     s = summarize(records, [])
