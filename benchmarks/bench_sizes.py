@@ -171,9 +171,9 @@ def available_gb() -> float:
 def wait_policy(load: float, cores: int, threads: int) -> str | None:
     """OpenMP's wait policy for the children: PASSIVE on a loaded machine (llama_cpp_peer.busy: a spinning thread
     beside a descheduled one costs either side tenfold), else the default (each thread spins a while at a barrier;
-    PASSIVE there sleeps and wakes it at every parallel region, which cost both sides on a quiet Zen 4: rest-lsp's
-    0.5B step 19 -> 24 ms, llama.cpp's 21 -> 41 ms/token). Decided once, before the first child: the load the
-    children themselves make must not decide it for the next."""
+    PASSIVE there sleeps and wakes it at every parallel region, which slows both sides on a quiet machine:
+    docs/LOG.md, 2026-12-05 evening). Decided once, before the first child: the load the children themselves make
+    must not decide it for the next."""
     from benchmarks.llama_cpp_peer import busy
 
     return "PASSIVE" if busy(threads, load, cores) else None
