@@ -16,7 +16,12 @@ typedef long long idx;
 #define QK 32   /* weights per block */
 #define BQ 512  /* bytes of a block's quants as 8-bit bytes: 8 groups x 16 columns x 4 k */
 #ifndef PFD
-#define PFD 4096 /* the first tile of a panel prefetches this many bytes ahead in the weight stream */
+#define PFD 8192 /* the first tile of a panel prefetches this many bytes ahead in the weight stream */
+#endif
+#ifndef PFL
+/* the prefetches' locality: 2 (prefetcht1) fetches into the core's L2. A non-temporal one (0, prefetchnta) left a
+   Zen 4 core streaming its panels well below what the plain loads of the same bytes reach (docs/LOG.md) */
+#define PFL 2
 #endif
 #define INLINE static inline __attribute__((always_inline))
 
@@ -51,7 +56,7 @@ static long long tail_bytes(long long nb, int f) {
    streamed from memory wait on those reads at every few blocks). */
 #define PREFETCH_TAIL(p, nb, F, pf)                                                                           \
     if ((pf) && !LEGACY(F))                                                                                   \
-        for (long long l = 0; l < tail_bytes(nb, F); l += 64) __builtin_prefetch((p) + (nb) * BYTES(F) + l, 0, 0);
+        for (long long l = 0; l < tail_bytes(nb, F); l += 64) __builtin_prefetch((p) + (nb) * BYTES(F) + l, 0, PFL);
 
 /* 3: AVX-512 VNNI, 2: AVX-VNNI, 1: AVX2, 0: portable C */
 #ifndef QM_PATH
@@ -228,7 +233,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
-        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);                \
+        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, PFL);                \
         __m512i w[8];                                                                                         \
         unpack(wb, WIDTH(F), w);                                                                              \
         __m512 f0, f1 = _mm512_setzero_ps();                                                                  \
@@ -507,7 +512,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
-        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, 0);                \
+        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, PFL);                \
         const uint8_t *u = ready(wb, F, R, ub);                                                               \
         __m256 f0[2], f1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                     \
         factors(p, nb, b, F, f0, f1);                                                                         \
