@@ -473,13 +473,15 @@ class Decoder:
 
     @property
     def kernel(self) -> str:
-        """The instructions the quantized modes' integer kernel runs on here ("" for the other engines): a step-cost
-        curve measured on other instructions (before AMX tiles, say) is measured again."""
+        """The instructions the quantized modes' integer kernel runs on here and which build of it ("" for the other
+        engines): a step-cost curve measured on other instructions (before AMX tiles, say) or by another build of
+        the kernel (an update) is measured again."""
         if self.lean is None or self.lean.packing not in ("q8", "gguf"):
             return ""
         from rest_lsp.kernels import quant_matmul
 
-        return quant_matmul.path_name(quant_matmul.library(self.run.level or None))
+        lib = quant_matmul.library(self.run.level or None)
+        return f"{quant_matmul.path_name(lib)} ({quant_matmul.build_name(lib)})"
 
     @property
     def engine(self) -> str:

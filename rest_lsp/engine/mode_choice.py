@@ -73,9 +73,12 @@ def candidates(rule: RunMode, gguf: bool) -> list[str]:
 
 
 def choice_key(path: str | Path, device: torch.device, names: list[str]) -> dict:
-    """Which machine, file (the sha256 of its bytes: cache_dir.content_digest) and candidates a choice belongs to."""
+    """Which machine, file (the sha256 of its bytes: cache_dir.content_digest), candidates and build of the integer
+    kernel (an update or a forced level times the gguf mode again) a choice belongs to."""
+    from rest_lsp.kernels import quant_matmul
+
     return {"method": METHOD, "machine": machine_name(device), "torch": torch.__version__,
-            "file": content_digest(path), "candidates": names}
+            "file": content_digest(path), "candidates": names, "kernel": quant_matmul.build_name()}
 
 
 def cache_file(cache_dir: Path, key: dict) -> Path:

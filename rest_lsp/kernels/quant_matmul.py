@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+from pathlib import Path
 
 import torch
 
@@ -173,6 +174,13 @@ def path_name(lib: ctypes.CDLL | None = None) -> str:
     if lib is None:
         return "none"
     return PATHS[lib.quant_path()] + (f" + {AMX}" if lib.quant_amx() else "")
+
+
+def build_name(lib: ctypes.CDLL | None = None) -> str:
+    """Which build a library is: its file's name, `{stem}-{level}-{key}` (loader.py: the key a hash of the source,
+    flags and compiler); "none" without one. What was measured on one build is not another's."""
+    lib = lib or library()
+    return "none" if lib is None else Path(lib._name).stem
 
 
 def amx_available(lib: ctypes.CDLL | None = None) -> bool:
@@ -383,10 +391,12 @@ def reference_blocks(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, bias: 
     half = BLOCK // 2 if bits in SPLIT else BLOCK
     sums = torch.einsum("nbi,mbi->mnb", qw[..., :half].long(), qx[..., :half].long())  # [m, N, nb] exact
     out = (sums.double() * (f0[None] * dx[:, None]).double()).sum(-1)  # fp32 products, as the kernel's
-    if f1 is not None:
-        second = (torch.einsum("nbi,mbi->mnb", qw[..., half:].long(), qx[..., half:].long()) if bits in SPLIT
-                  else qx.long().sum(-1)[:, None, :])  # Q6_K: the second half's sums; else the rows' block sums
+    if f1 is not None and bits in SPLIT:  # Q6_K: the second half's sums, each times its fp32 f1 x dx
+        second = torch.einsum("nbi,mbi->mnb", qw[..., half:].long(), qx[..., half:].long())  # [m, N, nb]
         out = out + (second.double() * (f1[None] * dx[:, None]).double()).sum(-1)
+    elif f1 is not None:  # MINS: f1 times the row block's sum of quants x dx, rounded to fp32 once (the kernel's c)
+        c = qx.long().sum(-1).float() * dx  # [m, nb]
+        out = out + (f1[None].double() * c[:, None, :].double()).sum(-1)
     if bias is not None:
         out = out + bias.double()
     return out.float()

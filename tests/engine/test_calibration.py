@@ -57,7 +57,8 @@ def test_a_curve_measured_on_other_kernel_instructions_is_measured_again(tmp_pat
     if not quant_matmul.available():
         pytest.skip("no C compiler here builds the quantized kernel")
     q8 = Decoder(tiny_model("llama"), pack="q8")
-    assert q8.kernel == quant_matmul.path_name() != "" and Decoder(tiny_model("llama")).kernel == ""
+    assert q8.kernel.startswith(quant_matmul.path_name() + " (") and Decoder(tiny_model("llama")).kernel == ""
+    assert quant_matmul.build_name() in q8.kernel
     first = q8.calibrate(tmp_path, **QUICK)
     assert json.loads(first.path.read_text())["key"]["kernel"] == q8.kernel
     monkeypatch.setattr(quant_matmul, "path_name", lambda lib=None: "other instructions")
@@ -65,6 +66,22 @@ def test_a_curve_measured_on_other_kernel_instructions_is_measured_again(tmp_pat
     assert again.calibrate(tmp_path, measure=False) is None
     assert again.calibrate(tmp_path, **QUICK).source == "measured"
     assert "kernel" not in calibration_key(q8.model, "m", q8.device, q8.dtype, "lean-panel")
+
+
+def test_a_curve_measured_on_another_build_of_the_kernel_is_measured_again(tmp_path, monkeypatch):
+    """A kernel update (a new build of the same instructions) changes what a tree step costs: the key names the
+    build, so a curve the old build measured is not read."""
+    from rest_lsp.kernels import quant_matmul
+
+    if not quant_matmul.available():
+        pytest.skip("no C compiler here builds the quantized kernel")
+    first = Decoder(tiny_model("llama"), pack="q8").calibrate(tmp_path, **QUICK)
+    assert first.source == "measured"
+    assert Decoder(tiny_model("llama"), pack="q8").calibrate(tmp_path, measure=False) is not None
+    monkeypatch.setattr(quant_matmul, "build_name", lambda lib=None: "quant_matmul-avx2-0123456789abcdef")
+    again = Decoder(tiny_model("llama"), pack="q8")
+    assert again.calibrate(tmp_path, measure=False) is None
+    assert again.calibrate(tmp_path, **QUICK).source == "measured"
 
 
 def test_reading_only_never_measures(decoder, tmp_path):

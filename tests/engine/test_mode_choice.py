@@ -206,3 +206,20 @@ def test_only_a_gguf_on_a_cpu_that_builds_the_kernel_has_candidates(monkeypatch)
     assert mode_choice.candidates(cuda, gguf=True) == []
     monkeypatch.setattr(quant_matmul, "available", lambda: False)
     assert mode_choice.candidates(cpu, gguf=True) == []
+
+
+def test_a_choice_timed_on_another_build_of_the_kernel_is_not_read(tmp_path, monkeypatch):
+    """A kernel update or a forced level changes what the gguf mode's steps cost: the key names the build."""
+    from rest_lsp.kernels import quant_matmul
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    cpu = torch.device("cpu")
+    key = mode_choice.choice_key(gguf, cpu, ["gguf"])
+    assert key["kernel"] == quant_matmul.build_name()
+    timings = {"gguf": mode_choice.Timing(20.0, 30.0, 100.0)}
+    mode_choice.write_cached(mode_choice.cache_file(tmp_path, key), key, mode_choice.Choice("gguf", timings, "x"))
+    assert mode_choice.read_cached(mode_choice.cache_file(tmp_path, key), key) is not None
+    monkeypatch.setattr(quant_matmul, "build_name", lambda lib=None: "quant_matmul-avx2-0123456789abcdef")
+    other = mode_choice.choice_key(gguf, cpu, ["gguf"])
+    assert other != key and mode_choice.read_cached(mode_choice.cache_file(tmp_path, other), other) is None
