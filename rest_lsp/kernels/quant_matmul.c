@@ -32,8 +32,9 @@ typedef long long idx;
    nibbles, two groups a 64-byte vector; 5, those nibbles, then one 64-bit mask a group of the fifth bits; 6, the
    nibbles, then two 64-byte vectors of the top 2 bits (vector j, byte i: group 4 j + c's byte i at bits 2 c). The integer sum of a block is sum((u - OFFSET) x) (`SPLIT`: two, one per half of 16 weights), the offset
    taken back out as OFFSET x (the row block's or half's sum of quants); then the float steps, one fused
-   multiply-add each: acc += float(sum) (f0 dx), and for `TWO` formats acc += B (f1 dx), B the row block's sum of
-   quants (MINS: f1 = m, or -(dmin mn)) or the second half's sum (SPLIT: f1 = d sc1). d sc and dmin mn are exact in
+   multiply-add each: acc += float(sum) (f0 dx); for SPLIT formats acc += float(sum1) (f1 dx), the second half's
+   sum (f1 = d sc1); for MINS formats acc += f1 c, c = float(B) dx rounded to fp32 once a row block (`mins_terms`),
+   B the row block's sum of quants (f1 = m, or -(dmin mn)). d sc and dmin mn are exact in
    fp32 (11 x 8 bits at most), so every level computes the same f0 and f1. */
 #define LEGACY(f) ((f) == 8 || (f) == 5 || (f) == 4)
 #define KNOWN(f) (LEGACY(f) || (f) == 41 || (f) == 42 || (f) == 52 || (f) == 62)
@@ -152,6 +153,12 @@ static void quantize_rows(const float *x, idx m, idx k, idx nb, int8_t *xq, floa
     }
 }
 
+/* MINS formats' second term per row block: c = float(sum) x dx, one fp32 rounding (the sum, at most 32 x 127, is
+   exact in fp32); the tiles add f1 c, one fused multiply-add a row block and 16 columns */
+static void mins_terms(const int32_t *xs, const float *xd, idx count, float *xc) {
+    for (idx i = 0; i < count; i++) xc[i] = (float)xs[i] * xd[i];
+}
+
 static float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, bits;
     if (exp == 0) {
@@ -226,8 +233,8 @@ INLINE void factors(const uint8_t *p, idx nb, idx b, int fmt, __m512 *f0, __m512
     }
 }
 #define TILE(R, F)                                                                                            \
-static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, idx nb,   \
-                          const uint8_t *p, int pf, float *out) {                                             \
+static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh,          \
+                          const float *xc, idx nb, const uint8_t *p, int pf, float *out) {                    \
     __m512 acc[R];                                                                                            \
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                                 \
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
@@ -258,9 +265,10 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
             s1 = _mm512_add_epi32(s1, t1);                                                                    \
             __m512 dx = _mm512_set1_ps(xd[r * nb + b]);                                                       \
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(f0, dx), acc[r]);                   \
-            if (TWO(F))                                                                                       \
-                acc[r] = _mm512_fmadd_ps(SPLIT(F) ? _mm512_cvtepi32_ps(s1) : _mm512_set1_ps((float)sum),      \
-                                         _mm512_mul_ps(f1, dx), acc[r]);                                      \
+            if (SPLIT(F))                                                                                     \
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(f1, dx), acc[r]);              \
+            else if (MINS(F))                                                                                 \
+                acc[r] = _mm512_fmadd_ps(f1, _mm512_set1_ps(xc[r * nb + b]), acc[r]);                         \
         }                                                                                                     \
     }                                                                                                         \
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * NB, acc[r]);                                       \
@@ -481,8 +489,8 @@ INLINE void block_sums(const uint8_t *u, int fmt, int R, const int8_t *const *xr
 /* NR rows from row r of a block: their sums, then per row the block's float operations as on every path: cvt,
    scale = f0 x dx, one fused multiply-add; for TWO formats the second term the same way */
 INLINE void rows_block(const uint8_t *u, int fmt, int R, const int8_t *xq, const float *xd, const int32_t *xs,
-                       const int32_t *xh, idx nb, idx b, int r, int NR, const __m256 f0[2], const __m256 f1[2],
-                       __m256 acc[][2]) {
+                       const int32_t *xh, const float *xc, idx nb, idx b, int r, int NR, const __m256 f0[2],
+                       const __m256 f1[2], __m256 acc[][2]) {
     const int8_t *xr[4];
     int32_t xsum[4], xhalf[4];
     __m256i s[4][4];
@@ -496,16 +504,17 @@ INLINE void rows_block(const uint8_t *u, int fmt, int R, const int8_t *xq, const
         __m256 dx = _mm256_set1_ps(xd[(r + i) * nb + b]);
         for (int h = 0; h < 2; h++) {
             acc[r + i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][h]), _mm256_mul_ps(f0[h], dx), acc[r + i][h]);
-            if (TWO(fmt))
-                acc[r + i][h] = _mm256_fmadd_ps(SPLIT(fmt) ? _mm256_cvtepi32_ps(s[i][2 + h])
-                                                           : _mm256_set1_ps((float)xsum[i]),
-                                                _mm256_mul_ps(f1[h], dx), acc[r + i][h]);
+            if (SPLIT(fmt))
+                acc[r + i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][2 + h]), _mm256_mul_ps(f1[h], dx),
+                                                acc[r + i][h]);
+            else if (MINS(fmt))
+                acc[r + i][h] = _mm256_fmadd_ps(f1[h], _mm256_set1_ps(xc[(r + i) * nb + b]), acc[r + i][h]);
         }
     }
 }
 #define TILE(R, F)                                                                                            \
-static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, idx nb,   \
-                          const uint8_t *p, int pf, float *out) {                                             \
+static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh,          \
+                          const float *xc, idx nb, const uint8_t *p, int pf, float *out) {                    \
     __m256 acc[R][2];                                                                                         \
     uint8_t ub[2 * BQ] __attribute__((aligned(32)));                                                          \
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();                                  \
@@ -518,8 +527,8 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
         factors(p, nb, b, F, f0, f1);                                                                         \
         int r = 0;                                                                                            \
         for (; r + NR_OF(F) <= R; r += NR_OF(F))                                                              \
-            rows_block(u, F, R, xq, xd, xs, xh, nb, b, r, NR_OF(F), f0, f1, acc);                             \
-        if (r < R) rows_block(u, F, R, xq, xd, xs, xh, nb, b, r, R % NR_OF(F), f0, f1, acc);                  \
+            rows_block(u, F, R, xq, xd, xs, xh, xc, nb, b, r, NR_OF(F), f0, f1, acc);                             \
+        if (r < R) rows_block(u, F, R, xq, xd, xs, xh, xc, nb, b, r, R % NR_OF(F), f0, f1, acc);                  \
     }                                                                                                         \
     for (int r = 0; r < R; r++) { _mm256_storeu_ps(out + r * NB, acc[r][0]); _mm256_storeu_ps(out + r * NB + 8, acc[r][1]); } \
 }
@@ -564,9 +573,9 @@ INLINE void factors(const uint8_t *p, idx nb, idx b, int fmt, float f0[NB], floa
     }
 }
 #define TILE(R, F)                                                                                            \
-static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, idx nb,   \
-                          const uint8_t *p, int pf, float *out) {                                             \
-    (void)xh; (void)pf;                                                                                       \
+static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh,          \
+                          const float *xc, idx nb, const uint8_t *p, int pf, float *out) {                    \
+    (void)xh; (void)xc; (void)pf;                                                                             \
     float acc[R][NB], f0[NB], f1[NB];                                                                         \
     uint8_t ub[BQ];                                                                                           \
     memset(acc, 0, sizeof acc);                                                                               \
@@ -576,7 +585,6 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
         for (int r = 0; r < R; r++) {                                                                         \
             const int8_t *xr = xq + (r * nb + b) * QK;                                                        \
             float dx = xd[r * nb + b];                                                                        \
-            int32_t sum = xs[r * nb + b];                                                                     \
             for (int c = 0; c < NB; c++) {                                                                    \
                 int32_t s0 = 0, s1 = 0;                                                                       \
                 for (int g = 0; g < 8; g++)                                                                   \
@@ -586,10 +594,8 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
                     }                                                                                         \
                 float scale = f0[c] * dx;                                                                     \
                 acc[r][c] = fmaf((float)s0, scale, acc[r][c]);                                                \
-                if (TWO(F)) {                                                                                 \
-                    float second = f1[c] * dx;                                                                \
-                    acc[r][c] = fmaf(SPLIT(F) ? (float)s1 : (float)sum, second, acc[r][c]);                   \
-                }                                                                                             \
+                if (SPLIT(F)) acc[r][c] = fmaf((float)s1, f1[c] * dx, acc[r][c]);                             \
+                else if (MINS(F)) acc[r][c] = fmaf(f1[c], xc[r * nb + b], acc[r][c]);                         \
             }                                                                                                 \
         }                                                                                                     \
     }                                                                                                         \
@@ -620,8 +626,8 @@ ALL_FORMATS(MOST_TILES)
 #define ROW(BITS) {ROW4(BITS)}
 #endif
 
-typedef void (*tile_fn)(const int8_t *, const float *, const int32_t *, const int32_t *, idx, const uint8_t *, int,
-                        float *);
+typedef void (*tile_fn)(const int8_t *, const float *, const int32_t *, const int32_t *, const float *, idx,
+                        const uint8_t *, int, float *);
 static const tile_fn tiles8[MT + 1] = ROW(8), tiles5[MT + 1] = ROW(5), tiles4[MT + 1] = ROW(4),
                      tiles41[MT + 1] = ROW(41), tiles42[MT + 1] = ROW(42), tiles52[MT + 1] = ROW(52),
                      tiles62[MT + 1] = ROW(62);
@@ -756,7 +762,8 @@ static void emit(const float *out, idx r, float *y, idx m0, idx n, idx c0, idx c
 }
 
 /* panels [first, last) for all m rows: on AMX tiles where xa (`amx_layout`) is given, else the tiles of MT rows */
-static void panels(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, idx m, idx nb,
+static void panels(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, const float *xc, idx m,
+                   idx nb,
                    const uint8_t *w, idx n, int bits, const float *bias, float *y, idx first, idx last,
                    const int8_t *xa, const float *xda) {
     float out[16 * NB];
@@ -798,7 +805,7 @@ static void panels(const int8_t *xq, const float *xd, const int32_t *xs, const i
         idx c0 = q * NB, cols = n - c0 < NB ? n - c0 : NB;
         for (idx m0 = 0; m0 < m; m0 += MT) {
             idx r = m - m0 < MT ? m - m0 : MT;
-            tiles[r](xq + m0 * nb * QK, xd + m0 * nb, xs + m0 * nb, xh + m0 * nb, nb, p, m0 == 0, out);
+            tiles[r](xq + m0 * nb * QK, xd + m0 * nb, xs + m0 * nb, xh + m0 * nb, xc + m0 * nb, nb, p, m0 == 0, out);
             emit(out, r, y, m0, n, c0, cols, bias);
         }
     }
@@ -835,11 +842,13 @@ int quant_mm(const float *x, idx xn, idx m, idx k, const uint8_t *w, idx wn, idx
     float *xda = amx ? malloc(sizeof(float) * (size_t)(mp * nb)) : NULL;
     float *xd = malloc(sizeof(float) * (size_t)(m * nb) + 1);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)(m * nb) + 1), *xh = malloc(sizeof(int32_t) * (size_t)(m * nb) + 1);
-    if (!xq || !xd || !xs || !xh || (amx && (!xa || !xda))) {
-        free(xq); free(xd); free(xs); free(xh); free(xa); free(xda);
+    float *xc = malloc(sizeof(float) * (size_t)(m * nb) + 1);
+    if (!xq || !xd || !xs || !xh || !xc || (amx && (!xa || !xda))) {
+        free(xq); free(xd); free(xs); free(xh); free(xc); free(xa); free(xda);
         return -1;
     }
     quantize_rows(x, m, k, nb, xq, xd, xs, xh);
+    if (MINS(bits)) mins_terms(xs, xd, m * nb, xc);
 #if QM_AMX
     if (amx) amx_layout(xq, xd, m, nb, xa, xda);
 #endif
@@ -848,13 +857,13 @@ int quant_mm(const float *x, idx xn, idx m, idx k, const uint8_t *w, idx wn, idx
     #pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1 && count > 1 && wide)
     {
         idx t = omp_get_thread_num(), T = omp_get_num_threads();
-        panels(xq, xd, xs, xh, m, nb, w, n, bits, bias, y, count * t / T, count * (t + 1) / T, xa, xda);
+        panels(xq, xd, xs, xh, xc, m, nb, w, n, bits, bias, y, count * t / T, count * (t + 1) / T, xa, xda);
     }
 #else
     (void)threads;
-    panels(xq, xd, xs, xh, m, nb, w, n, bits, bias, y, 0, count, xa, xda);
+    panels(xq, xd, xs, xh, xc, m, nb, w, n, bits, bias, y, 0, count, xa, xda);
 #endif
-    free(xq); free(xd); free(xs); free(xh); free(xa); free(xda);
+    free(xq); free(xd); free(xs); free(xh); free(xc); free(xa); free(xda);
     return amx;
 }
 
