@@ -162,6 +162,7 @@ def build_and_load(cc: str, folder: Path, stem: str, source: str, variants: tupl
             errors = _compile(cc, flags, target, source, libs, suffix) or ""
             lib = None if errors else _load_verified(target)
         if lib is not None:
+            lib._rest_lsp_build = target.stem  # which build (`build_name`): the library's own name is /proc's fd
             return lib
     lines = errors.splitlines()
     raise OSError(next((line for line in lines if "error" in line), lines[-1] if lines else f"{cc} failed"))

@@ -180,7 +180,7 @@ def build_name(lib: ctypes.CDLL | None = None) -> str:
     """Which build a library is: its file's name, `{stem}-{level}-{key}` (loader.py: the key a hash of the source,
     flags and compiler); "none" without one. What was measured on one build is not another's."""
     lib = lib or library()
-    return "none" if lib is None else Path(lib._name).stem
+    return "none" if lib is None else getattr(lib, "_rest_lsp_build", None) or Path(lib._name).stem
 
 
 def amx_available(lib: ctypes.CDLL | None = None) -> bool:

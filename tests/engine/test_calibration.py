@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import threading
 
 import pytest
@@ -16,6 +17,7 @@ from rest_lsp.engine.calibration import Interrupted, cache_file, calibration_key
 from rest_lsp.engine.runmode import runnable_dtype
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
 from rest_lsp.engine.runmode import cost_curve
+from rest_lsp.kernels import levels
 from rest_lsp.drafting.draft_tree import DraftTree, fit_to_cost
 from rest_lsp.drafting.drafts import Proposal
 
@@ -59,6 +61,7 @@ def test_a_curve_measured_on_other_kernel_instructions_is_measured_again(tmp_pat
     q8 = Decoder(tiny_model("llama"), pack="q8")
     assert q8.kernel.startswith(quant_matmul.path_name() + " (") and Decoder(tiny_model("llama")).kernel == ""
     assert quant_matmul.build_name() in q8.kernel
+    assert re.fullmatch(rf"quant_matmul-{levels.chosen()}-[0-9a-f]+", quant_matmul.build_name())
     first = q8.calibrate(tmp_path, **QUICK)
     assert json.loads(first.path.read_text())["key"]["kernel"] == q8.kernel
     monkeypatch.setattr(quant_matmul, "path_name", lambda lib=None: "other instructions")
