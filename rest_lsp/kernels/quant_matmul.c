@@ -240,7 +240,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
-        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, PFL);                \
+        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, PFL);              \
         __m512i w[8];                                                                                         \
         unpack(wb, WIDTH(F), w);                                                                              \
         __m512 f0, f1 = _mm512_setzero_ps();                                                                  \
@@ -487,7 +487,8 @@ INLINE void block_sums(const uint8_t *u, int fmt, int R, const int8_t *const *xr
 #define NR_OF(fmt) (WIDTH(fmt) == 8 ? 4 : WIDTH(fmt) == 5 ? 2 : 1)
 #endif
 /* NR rows from row r of a block: their sums, then per row the block's float operations as on every path: cvt,
-   scale = f0 x dx, one fused multiply-add; for TWO formats the second term the same way */
+   scale = f0 x dx, one fused multiply-add; for SPLIT formats the second half's sum the same way; for MINS formats
+   f1 x c (`mins_terms`), one fused multiply-add */
 INLINE void rows_block(const uint8_t *u, int fmt, int R, const int8_t *xq, const float *xd, const int32_t *xs,
                        const int32_t *xh, const float *xc, idx nb, idx b, int r, int NR, const __m256 f0[2],
                        const __m256 f1[2], __m256 acc[][2]) {
@@ -521,14 +522,14 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
-        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, PFL);                \
+        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, PFL);              \
         const uint8_t *u = ready(wb, F, R, ub);                                                               \
         __m256 f0[2], f1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                     \
         factors(p, nb, b, F, f0, f1);                                                                         \
         int r = 0;                                                                                            \
         for (; r + NR_OF(F) <= R; r += NR_OF(F))                                                              \
-            rows_block(u, F, R, xq, xd, xs, xh, xc, nb, b, r, NR_OF(F), f0, f1, acc);                             \
-        if (r < R) rows_block(u, F, R, xq, xd, xs, xh, xc, nb, b, r, R % NR_OF(F), f0, f1, acc);                  \
+            rows_block(u, F, R, xq, xd, xs, xh, xc, nb, b, r, NR_OF(F), f0, f1, acc);                         \
+        if (r < R) rows_block(u, F, R, xq, xd, xs, xh, xc, nb, b, r, R % NR_OF(F), f0, f1, acc);              \
     }                                                                                                         \
     for (int r = 0; r < R; r++) { _mm256_storeu_ps(out + r * NB, acc[r][0]); _mm256_storeu_ps(out + r * NB + 8, acc[r][1]); } \
 }
@@ -575,7 +576,7 @@ INLINE void factors(const uint8_t *p, idx nb, idx b, int fmt, float f0[NB], floa
 #define TILE(R, F)                                                                                            \
 static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh,          \
                           const float *xc, idx nb, const uint8_t *p, int pf, float *out) {                    \
-    (void)xh; (void)xc; (void)pf;                                                                             \
+    (void)xh; (void)pf;                                                                                       \
     float acc[R][NB], f0[NB], f1[NB];                                                                         \
     uint8_t ub[BQ];                                                                                           \
     memset(acc, 0, sizeof acc);                                                                               \

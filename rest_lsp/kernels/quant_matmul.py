@@ -385,7 +385,8 @@ def reference_blocks(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, bias: 
                      bits: int = 8, mins: torch.Tensor | None = None, sub_scales: torch.Tensor | None = None,
                      sub_mins: torch.Tensor | None = None) -> torch.Tensor:
     """`reference` for a weight given as blocks (`pack_blocks`' arguments): the exact integer sums, each times its
-    fp32 factor x dx (as the kernel rounds it), added in float64."""
+    fp32 factor x dx (as the kernel rounds it; a MINS format's min term f1 times the fp32 sum x dx), added in
+    float64."""
     qx, dx = quantize_rows(x)
     f0, f1 = factors(bits, dw, mins, sub_scales, sub_mins)
     half = BLOCK // 2 if bits in SPLIT else BLOCK
