@@ -57,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-from pathlib import Path
 
 import torch
 
@@ -178,9 +177,10 @@ def path_name(lib: ctypes.CDLL | None = None) -> str:
 
 def build_name(lib: ctypes.CDLL | None = None) -> str:
     """Which build a library is: its file's name, `{stem}-{level}-{key}` (loader.py: the key a hash of the source,
-    flags and compiler); "none" without one. What was measured on one build is not another's."""
+    flags and compiler, recorded by `loader.build_and_load`); "none" without one, "unknown" for a library loaded
+    elsewhere. What was measured on one build is not another's."""
     lib = lib or library()
-    return "none" if lib is None else getattr(lib, "_rest_lsp_build", None) or Path(lib._name).stem
+    return "none" if lib is None else getattr(lib, "_rest_lsp_build", "unknown")
 
 
 def amx_available(lib: ctypes.CDLL | None = None) -> bool:
