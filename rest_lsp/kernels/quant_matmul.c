@@ -764,8 +764,7 @@ static void emit(const float *out, idx r, float *y, idx m0, idx n, idx c0, idx c
 
 /* panels [first, last) for all m rows: on AMX tiles where xa (`amx_layout`) is given, else the tiles of MT rows */
 static void panels(const int8_t *xq, const float *xd, const int32_t *xs, const int32_t *xh, const float *xc, idx m,
-                   idx nb,
-                   const uint8_t *w, idx n, int bits, const float *bias, float *y, idx first, idx last,
+                   idx nb, const uint8_t *w, idx n, int bits, const float *bias, float *y, idx first, idx last,
                    const int8_t *xa, const float *xda) {
     float out[16 * NB];
     idx stride = panel_bytes(nb, bits);
@@ -806,7 +805,8 @@ static void panels(const int8_t *xq, const float *xd, const int32_t *xs, const i
         idx c0 = q * NB, cols = n - c0 < NB ? n - c0 : NB;
         for (idx m0 = 0; m0 < m; m0 += MT) {
             idx r = m - m0 < MT ? m - m0 : MT;
-            tiles[r](xq + m0 * nb * QK, xd + m0 * nb, xs + m0 * nb, xh + m0 * nb, xc + m0 * nb, nb, p, m0 == 0, out);
+            tiles[r](xq + m0 * nb * QK, xd + m0 * nb, xs + m0 * nb, xh + m0 * nb, xc ? xc + m0 * nb : NULL, nb, p,
+                     m0 == 0, out);
             emit(out, r, y, m0, n, c0, cols, bias);
         }
     }
@@ -843,13 +843,13 @@ int quant_mm(const float *x, idx xn, idx m, idx k, const uint8_t *w, idx wn, idx
     float *xda = amx ? malloc(sizeof(float) * (size_t)(mp * nb)) : NULL;
     float *xd = malloc(sizeof(float) * (size_t)(m * nb) + 1);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)(m * nb) + 1), *xh = malloc(sizeof(int32_t) * (size_t)(m * nb) + 1);
-    float *xc = malloc(sizeof(float) * (size_t)(m * nb) + 1);
-    if (!xq || !xd || !xs || !xh || !xc || (amx && (!xa || !xda))) {
+    float *xc = MINS(bits) ? malloc(sizeof(float) * (size_t)(m * nb) + 1) : NULL; /* read by MINS tiles alone */
+    if (!xq || !xd || !xs || !xh || (MINS(bits) && !xc) || (amx && (!xa || !xda))) {
         free(xq); free(xd); free(xs); free(xh); free(xc); free(xa); free(xda);
         return -1;
     }
     quantize_rows(x, m, k, nb, xq, xd, xs, xh);
-    if (MINS(bits)) mins_terms(xs, xd, m * nb, xc);
+    if (xc) mins_terms(xs, xd, m * nb, xc);
 #if QM_AMX
     if (amx) amx_layout(xq, xd, m, nb, xa, xda);
 #endif
