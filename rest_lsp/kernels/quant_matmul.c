@@ -59,6 +59,11 @@ static long long tail_bytes(long long nb, int f) {
     if ((pf) && !LEGACY(F))                                                                                   \
         for (long long l = 0; l < tail_bytes(nb, F); l += 64) __builtin_prefetch((p) + (nb) * BYTES(F) + l, 0, PFL);
 
+/* the first tile of a panel fetches its blocks PFD bytes ahead of the one at wb, as it takes them */
+#define PREFETCH_BLOCK(wb, F, pf)                                                                             \
+    if (pf)                                                                                                   \
+        for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch((wb) + PFD + l, 0, PFL);
+
 /* 3: AVX-512 VNNI, 2: AVX-VNNI, 1: AVX2, 0: portable C */
 #ifndef QM_PATH
 #  if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
@@ -240,7 +245,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
-        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, PFL);              \
+        PREFETCH_BLOCK(wb, F, pf)                                                                             \
         __m512i w[8];                                                                                         \
         unpack(wb, WIDTH(F), w);                                                                              \
         __m512 f0, f1 = _mm512_setzero_ps();                                                                  \
@@ -522,7 +527,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
-        if (pf) for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch(wb + PFD + l, 0, PFL);              \
+        PREFETCH_BLOCK(wb, F, pf)                                                                             \
         const uint8_t *u = ready(wb, F, R, ub);                                                               \
         __m256 f0[2], f1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                     \
         factors(p, nb, b, F, f0, f1);                                                                         \
