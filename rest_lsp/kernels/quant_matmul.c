@@ -396,6 +396,10 @@ INLINE void start(__m256i s[4], int fmt, int32_t sum, int32_t half) {
     }
 }
 #define SLOT(fmt, g) (SPLIT(fmt) && (g) >= 4 ? 2 : 0)
+/* the running sum x as it stands, in its register: integer adds may be regrouped, and gcc, given a block's 16 or 32
+   products to add, makes them all first and adds them as a tree, spilling most of them to the stack (AVX2 has 16
+   vector registers); each product added as it is made keeps the loop in registers. The sums are the same integers. */
+#define KEEP(x) __asm__("" : "+x"(x))
 #if QM_PATH == 2
 /* a block made ready: its bytes q + OFFSET (the unsigned operand of `vpdpbusd`) */
 INLINE const uint8_t *ready(const uint8_t *wb, int fmt, int R, uint8_t *ub) {
@@ -457,9 +461,11 @@ INLINE void block_sums(const uint8_t *u, int fmt, int R, const int8_t *const *xr
                     a = WEIGHTS(u, g, h);
                     w = WEIGHTS(u + BQ, g, h);
                 }
-                for (int r = 0; r < NR; r++)
+                for (int r = 0; r < NR; r++) {
                     s[r][h] = _mm256_add_epi32(s[r][h], _mm256_madd_epi16(
                         _mm256_maddubs_epi16(a, _mm256_sign_epi8(x[r], w)), one));
+                    KEEP(s[r][h]);
+                }
             }
         }
         return;
@@ -476,6 +482,7 @@ INLINE void block_sums(const uint8_t *u, int fmt, int R, const int8_t *const *xr
                 for (int r = 0; r < NR; r++) {
                     __m256i pr = _mm256_maddubs_epi16(w, x[r]);
                     p[r][h] = g == g0 ? pr : _mm256_add_epi16(p[r][h], pr);
+                    KEEP(p[r][h]);
                 }
             }
         }
@@ -489,7 +496,7 @@ INLINE void block_sums(const uint8_t *u, int fmt, int R, const int8_t *const *xr
 #if QM_PATH == 2
 #define NR_OF(fmt) (SPLIT(fmt) ? 2 : 4)
 #else
-#define NR_OF(fmt) (WIDTH(fmt) == 8 ? 4 : WIDTH(fmt) == 5 ? 2 : 1)
+#define NR_OF(fmt) (WIDTH(fmt) == 8 ? 4 : 2)
 #endif
 /* NR rows from row r of a block: their sums, then per row the block's float operations as on every path: cvt,
    scale = f0 x dx, one fused multiply-add; for SPLIT formats the second half's sum the same way; for MINS formats
