@@ -63,7 +63,8 @@ def main() -> None:
     args = ap.parse_args()
     asked = [level for level in args.levels.split(",") if level]
     if not asked:
-        sys.exit("Nothing to time: no level from AVX2 up was asked for or runs here (the portable tiles are the reference).")
+        sys.exit("Nothing to time: no level from AVX2 up was asked for or runs here (the portable tiles are the "
+                 "reference).")
     for level in asked:
         levels.check_runnable(level)  # one sentence for a level this CPU lacks, before any build
     formats = {name: quant_matmul.FORMATS[name] for name in args.formats.split(",")}
