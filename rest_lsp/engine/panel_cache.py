@@ -29,7 +29,7 @@ from rest_lsp import cache_dir
 
 log = logging.getLogger(__name__)
 
-PACK_FORMAT = 1  # the layout of quant_matmul.pack_blocks' panels: a change of that layout changes this number
+PACK_FORMAT = 2  # the layout of quant_matmul.pack_blocks' panels: a change of that layout changes this number
 MAGIC = b"RLPANELS"
 ALIGN = 4096  # the data starts on a page
 PART_ALIGN = 64  # each part's panels start on a cache line

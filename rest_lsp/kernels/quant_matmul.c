@@ -29,7 +29,8 @@ typedef long long idx;
    block: w = d q + m); 42, 52 Q4_K, Q5_K (256-weight superblocks: fp16 d and dmin, and per block of 32 a 6-bit
    scale sc and min mn: w = (d sc) q - (dmin mn)); 62 Q6_K (fp16 d a superblock, an int8 scale per 16 weights:
    w = (d sc) (q - 32)). Each stores its quants as bytes u = q + OFFSET of WIDTH bits: 8, the bytes themselves; 4,
-   nibbles, two groups a 64-byte vector; 5, those nibbles, then one 64-bit mask a group of the fifth bits; 6, the
+   nibbles, two groups a 64-byte vector; 5, those nibbles, then a 64-byte plane of the fifth bits (byte i, bit g: group
+   g's byte i); 6, the
    nibbles, then two 64-byte vectors of the top 2 bits (vector j, byte i: group 4 j + c's byte i at bits 2 c). The integer sum of a block is sum((u - OFFSET) x) (`SPLIT`: two, one per half of 16 weights), the offset
    taken back out as OFFSET x (the row block's or half's sum of quants); then the float steps, one fused
    multiply-add each: acc += float(sum) (f0 dx); for SPLIT formats acc += float(sum1) (f1 dx), the second half's
@@ -193,12 +194,10 @@ INLINE void unpack(const uint8_t *wb, int width, __m512i w[8]) {
         w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
     }
     if (width == 5) {
-        const __m512i fifth = _mm512_set1_epi8(0x10);
-        for (int g = 0; g < 8; g++) {
-            uint64_t mask;
-            memcpy(&mask, wb + 256 + 8 * g, 8);
-            w[g] = _mm512_mask_add_epi8(w[g], (__mmask64)mask, w[g], fifth);
-        }
+        const __m512i fifth = _mm512_set1_epi8(0x10), plane = _mm512_loadu_si512((const void *)(wb + 256));
+        for (int g = 0; g < 8; g++)
+            w[g] = _mm512_mask_add_epi8(w[g], _mm512_test_epi8_mask(plane, _mm512_set1_epi8((char)(1 << g))), w[g],
+                                        fifth);
     }
     if (width == 6) {
         const __m512i top = _mm512_set1_epi8(0x30);
@@ -282,6 +281,13 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
 /* Paths 2 and 1 run tiles of up to MT = 16 rows: per block, its weights are made ready once (`ready`: unpacked, and
    on AVX2 also made signed and absolute) into a buffer in L1, and every row of the tile then takes them from there:
    a panel is streamed once a call for up to 16 rows, a block unpacked once for all of them. */
+/* group g's fifth bits from 32 bytes of a block's plane (byte i, bit g), as 0x10 or 0 a byte: bit g moved to bit 4
+   by a 16-bit shift, which carries no bit of a lane's other byte into bit 4 of either byte (left by 4 - g, right by
+   g - 4) */
+INLINE __m256i fifth_bits(__m256i plane, int g) {
+    __m256i e = g <= 4 ? _mm256_slli_epi16(plane, 4 - g) : _mm256_srli_epi16(plane, g - 4);
+    return _mm256_and_si256(e, _mm256_set1_epi8(0x10));
+}
 /* a 4-, 5- or 6-bit block unpacked to its 512 bytes q + OFFSET in `ub` (an 8-bit block is read where it is) */
 INLINE const uint8_t *unpack(const uint8_t *wb, int width, uint8_t *ub) {
     if (width == 8) return wb;
@@ -293,22 +299,14 @@ INLINE const uint8_t *unpack(const uint8_t *wb, int width, uint8_t *ub) {
             _mm256_store_si256((__m256i *)(ub + 128 * j + 64 + 32 * h),
                                _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
         }
-    if (width == 5) {
-        /* 32 mask bits -> 32 bytes: byte i takes mask byte i / 8, keeps bit i % 8, and becomes 0x10 or 0 */
-        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-        const __m256i fifth = _mm256_set1_epi8(0x10);
-        for (int g = 0; g < 8; g++)
-            for (int h = 0; h < 2; h++) {
-                int32_t mask;
-                memcpy(&mask, wb + 256 + 8 * g + 4 * h, 4);
-                __m256i e = _mm256_shuffle_epi8(_mm256_set1_epi32(mask), pick);
-                e = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(e, bit), bit), fifth);
+    if (width == 5)
+        for (int h = 0; h < 2; h++) {
+            __m256i plane = _mm256_loadu_si256((const __m256i *)(wb + 256 + 32 * h));
+            for (int g = 0; g < 8; g++) {
                 __m256i *u = (__m256i *)(ub + 64 * g + 32 * h);
-                _mm256_store_si256(u, _mm256_or_si256(_mm256_load_si256(u), e));
+                _mm256_store_si256(u, _mm256_or_si256(_mm256_load_si256(u), fifth_bits(plane, g)));
             }
-    }
+        }
     if (width == 6) {
         /* the top 2 bits: group 4 j + c's at bits 2 c of vector j, moved to bits 4-5 */
         const __m256i top = _mm256_set1_epi8(0x30);
@@ -330,16 +328,8 @@ INLINE __m256i unpacked(const uint8_t *wb, int width, int g, int h) {
     const __m256i low = _mm256_set1_epi8(0x0f);
     __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 64 * (g / 2) + 32 * h));
     __m256i u = _mm256_and_si256(g % 2 ? _mm256_srli_epi16(v, 4) : v, low);
-    if (width == 5) {
-        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-        int32_t mask;
-        memcpy(&mask, wb + 256 + 8 * g + 4 * h, 4);
-        __m256i e = _mm256_shuffle_epi8(_mm256_set1_epi32(mask), pick);
-        u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(e, bit), bit),
-                                                _mm256_set1_epi8(0x10)));
-    }
+    if (width == 5)
+        u = _mm256_or_si256(u, fifth_bits(_mm256_loadu_si256((const __m256i *)(wb + 256 + 32 * h)), g));
     if (width == 6) {
         __m256i c = _mm256_loadu_si256((const __m256i *)(wb + 256 + 64 * (g / 4) + 32 * h));
         int i = g % 4;
@@ -556,7 +546,7 @@ INLINE const uint8_t *unpack(const uint8_t *wb, int width, uint8_t *ub) {
     if (width == 5)
         for (int g = 0; g < 8; g++)
             for (int i = 0; i < 64; i++)
-                ub[64 * g + i] |= ((wb[256 + 8 * g + i / 8] >> (i % 8)) & 1) << 4;
+                ub[64 * g + i] |= ((wb[256 + i] >> g) & 1) << 4;
     if (width == 6)
         for (int g = 0; g < 8; g++)
             for (int i = 0; i < 64; i++)

@@ -21,8 +21,9 @@ of `vpdpbusd`, whose 16 int32 lanes are the 16 columns), followed by the blocks'
 quantization. A GGUF's Q5_0 and Q4_0 blocks are Q8_0 blocks of small quants (q - 16 in [-16, 15], q - 8 in
 [-8, 7]) with the same per-32 fp16 scale, so they keep fewer bits in their panels (`pack_blocks(..., bits)`): a
 4-bit block is 4 vectors of nibbles q + 8 (groups 2j in the low nibbles, 2j + 1 in the high ones), a 5-bit block
-the nibbles of q + 16 the same way and then one 64-bit mask a group holding the fifth bits. The kernel unpacks a
-block to the bytes q + offset and runs the 8-bit arithmetic on them, the offset (16, 8) taken out as 128 is: the
+the nibbles of q + 16 the same way and then a 64-byte plane of the fifth bits (byte i's bit g: group g's byte i,
+which a shift and a mask make 0x10 or 0 on every level). The kernel unpacks a block to the bytes q + offset and
+runs the 8-bit arithmetic on them, the offset (16, 8) taken out as 128 is: the
 integer sums, and so every float operation after them, are those of the same values as 8-bit blocks, bit for
 bit. Paths, by the level a library is built for (levels.py): AVX-512 VNNI (zmm, up to 12 rows a tile with the
 block's weights in registers), AVX-VNNI (ymm), AVX2 (`vpmaddubsw` over |w| and x signed as w, no saturation
@@ -323,10 +324,10 @@ def pack_blocks(quants: torch.Tensor, scales: torch.Tensor, bits: int = 8, mins:
         low = u & 15
         nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [P, nb, 4, 64]: groups 2j low, 2j + 1 high
         parts = [nibbles.reshape(count, nb, 256)]
-        if width == 5:  # bit i of group g's mask (a little-endian uint64) is byte i's fifth bit
-            fifth = ((u >> 4) & 1).view(count, nb, 8, 8, 8).long()
-            masks = (fifth << torch.arange(8)).sum(-1).to(torch.uint8)  # [P, nb, 8 groups, 8 bytes]
-            parts.append(masks.reshape(count, nb, 64))
+        if width == 5:  # byte i's bit g is group g's byte i's fifth bit
+            fifth = ((u >> 4) & 1).long()  # [P, nb, 8 groups, 64 bytes]
+            plane = (fifth << torch.arange(8).view(1, 1, 8, 1)).sum(2).to(torch.uint8)  # [P, nb, 64]
+            parts.append(plane)
         if width == 6:  # vector j's byte i: the top 2 bits of group 4 j + c's byte i at bits 2 c
             top = u >> 4
             parts.append((top[:, :, 0::4] | (top[:, :, 1::4] << 2) | (top[:, :, 2::4] << 4) | (top[:, :, 3::4] << 6))
