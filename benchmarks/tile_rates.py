@@ -14,8 +14,6 @@ benchmarks/results/tile_rates.json.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import RESULTS, write_json  # noqa: E402
-from rest_lsp.kernels import levels, quant_matmul  # noqa: E402
+from rest_lsp.kernels import levels, loader, quant_matmul  # noqa: E402
 
 HARNESS = Path(__file__).resolve().parent / "c" / "tile_rates.c"
 SOURCE = Path(quant_matmul.__file__).with_suffix(".c")
@@ -32,7 +30,7 @@ SOURCE = Path(quant_matmul.__file__).with_suffix(".c")
 
 def build(level: str, into: Path) -> Path:
     """The harness built for `level` with the kernel's flags (no -shared: an executable)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = loader._compiler()  # the one the kernels are built with
     if cc is None:
         sys.exit("tile_rates needs a C compiler (cc or gcc, or $CC).")
     flags = [f for f in quant_matmul.FLAGS if f not in ("-shared", "-fPIC")] + list(levels.compiler_flags(level))

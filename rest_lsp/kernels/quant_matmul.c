@@ -30,8 +30,8 @@ typedef long long idx;
    scale sc and min mn: w = (d sc) q - (dmin mn)); 62 Q6_K (fp16 d a superblock, an int8 scale per 16 weights:
    w = (d sc) (q - 32)). Each stores its quants as bytes u = q + OFFSET of WIDTH bits: 8, the bytes themselves; 4,
    nibbles, two groups a 64-byte vector; 5, those nibbles, then a 64-byte plane of the fifth bits (byte i, bit g: group
-   g's byte i); 6, the
-   nibbles, then two 64-byte vectors of the top 2 bits (vector j, byte i: group 4 j + c's byte i at bits 2 c). The integer sum of a block is sum((u - OFFSET) x) (`SPLIT`: two, one per half of 16 weights), the offset
+   g's byte i); 6, the nibbles, then two 64-byte vectors of the top 2 bits (vector j, byte i: group 4 j + c's byte i at
+   bits 2 c). The integer sum of a block is sum((u - OFFSET) x) (`SPLIT`: two, one per half of 16 weights), the offset
    taken back out as OFFSET x (the row block's or half's sum of quants); then the float steps, one fused
    multiply-add each: acc += float(sum) (f0 dx); for SPLIT formats acc += float(sum1) (f1 dx), the second half's
    sum (f1 = d sc1); for MINS formats acc += f1 c, c = float(B) dx rounded to fp32 once a row block (`mins_terms`),

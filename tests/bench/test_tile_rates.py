@@ -3,20 +3,19 @@ of the names it calls breaks a test here, not the next person's benchmark."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from rest_lsp.kernels import levels, quant_matmul
+from rest_lsp.kernels import levels, loader, quant_matmul
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import tile_rates  # noqa: E402
 
 
-@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler here")
+@pytest.mark.skipif(loader._compiler() is None, reason="no C compiler here")
 def test_the_tiles_are_timed_on_this_cpus_level(tmp_path):
     level = levels.chosen()
     cells = tile_rates.measure(tile_rates.build(level, tmp_path), rounds=1)
