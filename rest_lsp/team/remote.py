@@ -142,12 +142,8 @@ class RemoteService(HostThreads):
             self._feed.restart_indexing()
 
     def close(self, timeout: float = 10.0, wait_for_loads: bool = True) -> None:
-        """Stop syncing and free the workspace on the server; `wait_for_loads` means nothing here (no model loads)."""
-        if self.status == "connected":  # the replica may free the workspace now rather than at its LRU's turn
-            try:
-                self._http.call("DELETE", self._path(""), timeout=2, closing=True)
-            except (Unreachable, Refused) as err:
-                log.info("closing the workspace on the server failed: %s", err)
+        """Stop syncing, then free the workspace on the server (a delta after that would find it unknown and a
+        snapshot bring it back); `wait_for_loads` means nothing here (no model loads)."""
         self._closed.set()
         self._sync_wake.set()
         self._events_wake.set()
@@ -155,6 +151,11 @@ class RemoteService(HostThreads):
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(timeout)
+        if self.status == "connected":  # the replica may free the workspace now rather than at its LRU's turn
+            try:
+                self._http.call("DELETE", self._path(""), timeout=2, closing=True)
+            except (Unreachable, Refused) as err:
+                log.info("closing the workspace on the server failed: %s", err)
         self._requests.shutdown(wait=False, cancel_futures=True)
         if self._feed.datastore is not None:
             self._feed.datastore.close()
@@ -192,9 +193,10 @@ class RemoteService(HostThreads):
             self._events.append(event)
         self._events_wake.set()
 
-    def _take_hints(self) -> Events | None:
+    def _take_hints(self, always: bool = False) -> Events | None:
+        """The hints not sent yet as the next batch; None when there are none, unless `always`."""
         with self._lock:
-            if not self._events:
+            if not self._events and not always:
                 return None
             events, self._events = self._events, []
             return Events(seq=next(self._event_seq), events=events)
@@ -230,8 +232,11 @@ class RemoteService(HostThreads):
             self._report("warning", f"rest-lsp: a completion failed: {err}")
 
     def _complete(self, ticket: RemoteTicket, doc_id: str, text: str, offset: int) -> Completion | None:
+        # a batch even when empty: numbered after any still on its way, it makes that one stale on the replica, so
+        # a cancel sent before this request never lands after it and stops it
         body = CompleteRequest(request_id=ticket.request_id, doc_id=doc_id, text=text, offset=offset,
-                               events=self._take_hints(), settings=_client_settings(self.settings)).model_dump()
+                               events=self._take_hints(always=True),
+                               settings=_client_settings(self.settings)).model_dump()
         path = self._path("/complete")
         timeout = self._timeout_s or self.settings.time_budget_ms / 1e3 + COMPLETE_SLACK_S
         with self._lock:

@@ -1,12 +1,13 @@
 """The editor's side against a replica on a local uvicorn: the workspace arrives, completions match the in-process
-service, a replica that dies costs one retry and a re-sent workspace, an unreachable server is said once, and the
-editor's process never imports torch or ray."""
+service, a replica that dies costs one retry and a re-sent workspace, hints that land late never cancel a completion,
+nothing syncs after close, an unreachable server is said once, and the editor's process never imports torch or ray."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from support import Said, wait_for
 
 from rest_lsp.service.completion import CompletionService
 from rest_lsp.team import remote as remote_module
+from rest_lsp.team.identity import quoted
 from rest_lsp.settings import Settings
 from rest_lsp.team.remote import RemoteService
 
@@ -107,6 +109,59 @@ def test_a_replica_that_dies_costs_one_retry_and_the_workspace_is_sent_again(rem
     stats = service.stats()
     assert stats["retried"] == 1 and stats["status"] == "connected" and stats["replica"] == "r1"
     assert not [m for m in said.messages if m[0] != "info"]
+
+
+def intercept(service, route, before=None, after=None):
+    """Every call the editor makes, its path recorded; `before()` and `after()` run around each call to `route`."""
+    call, paths = service._http.call, []
+
+    def recorded(method, path, *args, **kwargs):
+        paths.append(path)
+        if path.endswith(route) and before is not None:
+            before()
+        try:
+            return call(method, path, *args, **kwargs)
+        finally:
+            if path.endswith(route) and after is not None:
+                after()
+
+    service._http.call = recorded
+    return paths
+
+
+def test_hints_that_land_after_a_completion_never_cancel_it(remote, shared):
+    """A batch of hints the editor sent before a completion may reach the replica after it (another connection):
+    its cancel is for the older text and must not stop the completion the editor now waits for."""
+    service, holder, _, _ = remote
+    state = held(holder)
+    sending, release, delivered = threading.Event(), threading.Event(), threading.Event()
+    intercept(service, "/events", before=lambda: (sending.set(), release.wait(30)), after=delivered.set)
+    service.cancel("file:///m.py")  # the editor's didChange: its hints leave first...
+    assert sending.wait(30)
+    with shared.lock:  # the replica's decoder busy: the completion waits for it
+        ticket = service.submit("file:///m.py", TEXT, len(TEXT))
+        wait_for(lambda: state.tickets, 30, "the completion on the replica")
+        release.set()  # ...and land after the completion
+        assert delivered.wait(30)
+    got = ticket.future.result(60)
+    assert got is not None and got.text
+
+
+def test_nothing_syncs_once_the_workspace_is_dropped_on_close(remote):
+    """close() stops the sync before its DELETE: a delta after it would get "unknown workspace" and a snapshot
+    would bring the closed workspace back on the replica."""
+    service, holder, _, _ = remote
+    late = []
+
+    def change_then_wait():  # the DELETE answered: a change the sync loop, if it still runs, sends now
+        late.append(len(paths))
+        service.open_buffer("file:///late.py", "x = 1\n")
+        sync = [t for t in service._threads if t.name == "rest-lsp-remote-sync"]
+        wait_for(lambda: len(paths) > late[0] or not any(t.is_alive() for t in sync), 30, "a delta or no sync")
+
+    paths = intercept(service, "/workspaces/" + quoted(service.workspace), after=change_then_wait)
+    service.close()
+    assert late and paths[late[0]:] == [] and holder.replica.workspaces.names() == []
 
 
 def test_an_unreachable_server_is_said_once_and_answers_nothing(root, tmp_path, shared):
