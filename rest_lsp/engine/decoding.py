@@ -199,22 +199,22 @@ def top_successors(logits: torch.Tensor, k: int = SUCCESSORS) -> tuple[list[list
 
     The same set as topk(softmax(row), k) (ties aside), without a full softmax or a top-k over V: the k largest lie
     in the k blocks of TOPK_BLOCK with the largest maxima, so a max per block, a top-k over those maxima and one over
-    k blocks find them; the normaliser is one pass of exp. Rule: fp32 in, probabilities as softmax's up to rounding."""
+    k blocks find them; the normaliser is one fused log-sum-exp. Rule: fp32 in, probabilities as softmax's up to
+    rounding."""
     n, v = logits.shape
     if v <= 4 * k * TOPK_BLOCK:  # a small vocabulary: one top-k is as cheap
         top = torch.topk(logits, min(k, v), dim=-1)  # [n, k]
         ids, values = top.indices, top.values
     else:
-        pad = -v % TOPK_BLOCK
-        blocks = torch.nn.functional.pad(logits, (0, pad), value=float("-inf")).view(n, -1, TOPK_BLOCK)  # [n, B, G]
+        pad = -v % TOPK_BLOCK  # a copy only where the last block needs filling
+        padded = torch.nn.functional.pad(logits, (0, pad), value=float("-inf")) if pad else logits
+        blocks = padded.reshape(n, -1, TOPK_BLOCK)  # [n, B, G]
         best = torch.topk(blocks.amax(dim=-1), k, dim=-1).indices  # [n, k] blocks holding the k largest
         candidates = torch.gather(blocks, 1, best[:, :, None].expand(-1, -1, TOPK_BLOCK)).view(n, -1)  # [n, k*G]
         top = torch.topk(candidates, k, dim=-1)  # [n, k]
         ids = best.gather(1, top.indices // TOPK_BLOCK) * TOPK_BLOCK + top.indices % TOPK_BLOCK
         values = top.values
-    peak = values[:, :1]  # [n, 1] each row's largest logit
-    total = (logits - peak).exp_().sum(dim=-1, keepdim=True)  # [n, 1]
-    return ids.tolist(), ((values - peak).exp() / total).tolist()
+    return ids.tolist(), (values - torch.logsumexp(logits, dim=-1, keepdim=True)).exp().tolist()  # [n, k] each
 
 
 def _kept_learned(path: Path, key: dict) -> dict | None:
