@@ -281,6 +281,7 @@ void rope_cache_boxed(StableIValue *stack, uint64_t, uint64_t) {
    at least as accurate as torch's fp32 reduction (or the layer-norm route the Python op takes), not bit for bit
    either. Each row alone, in one order: a row's bits do not depend on the rows beside it. `doubled` ([2H]: the
    weight twice) is the Python op's, unused here. */
+#define RMS_ROWS 4  // rows whose sums of squares run side by side (a double add's latency hidden by the others)
 void rms_norm_boxed(StableIValue *stack, uint64_t, uint64_t) {
     Arg x(stack[0]), w(stack[1]), doubled(stack[2]);
     double eps;
@@ -294,13 +295,21 @@ void rms_norm_boxed(StableIValue *stack, uint64_t, uint64_t) {
     AtenTensorHandle out = empty_rows(n, h);
     const float *xs = static_cast<const float *>(x.data), *ws = static_cast<const float *>(w.data);
     float *ys = static_cast<float *>(data_of(out));
-    for (int64_t t = 0; t < n; t++) {
-        const float *xt = xs + t * h;
-        double squares = 0.0;
-        for (int64_t e = 0; e < h; e++) squares += (double)xt[e] * (double)xt[e];
-        float mean = (float)(squares / (double)h);
-        float r = 1.0f / __builtin_sqrtf(mean + (float)eps);
-        for (int64_t e = 0; e < h; e++) ys[t * h + e] = ws[e] * (xt[e] * r);
+    for (int64_t t0 = 0; t0 < n; t0 += RMS_ROWS) {
+        int64_t rows = n - t0 < RMS_ROWS ? n - t0 : RMS_ROWS;
+        double squares[RMS_ROWS] = {0.0};
+        if (rows == RMS_ROWS)  // the rows' chains side by side: each row's adds in its own order, e = 0, 1, ...
+            for (int64_t e = 0; e < h; e++)
+                for (int i = 0; i < RMS_ROWS; i++) squares[i] += (double)xs[(t0 + i) * h + e] * xs[(t0 + i) * h + e];
+        else
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t e = 0; e < h; e++) squares[i] += (double)xs[(t0 + i) * h + e] * xs[(t0 + i) * h + e];
+        for (int64_t i = 0; i < rows; i++) {
+            const float *xt = xs + (t0 + i) * h;
+            float mean = (float)(squares[i] / (double)h);
+            float r = 1.0f / __builtin_sqrtf(mean + (float)eps);
+            for (int64_t e = 0; e < h; e++) ys[(t0 + i) * h + e] = ws[e] * (xt[e] * r);
+        }
     }
     stack[0] = reinterpret_cast<StableIValue>(out);
 }
