@@ -16,7 +16,8 @@ typedef long long idx;
 #define QK 32   /* weights per block */
 #define BQ 512  /* bytes of a block's quants as 8-bit bytes: 8 groups x 16 columns x 4 k */
 #ifndef PFD
-#define PFD 8192 /* the first tile of a panel prefetches this many bytes ahead in the weight stream */
+#define PFD 32768 /* the first tile of a panel prefetches this many bytes ahead in the weight stream (16-64 KB stream
+                    a Zen 4 core's panels faster than 8 KB, with 1 and 8 rows, 4-bit and 8-bit: docs/LOG.md) */
 #endif
 #ifndef PFL
 /* the prefetches' locality: 2 (prefetcht1) fetches into the core's L2. A non-temporal one (0, prefetchnta) left a
