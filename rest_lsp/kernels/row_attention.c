@@ -272,6 +272,8 @@ static void divided(float *o, const v16 *a, float sum, idx d) {
     for (; e < d; e++) o[e] = f[e] / sum;
 }
 #else
+#define KAHEAD 4  /* key blocks of 16 rows a transpose prefetches ahead (the hardware's own prefetch alone left the
+                     one-row call waiting on the keys: docs/LOG.md) */
 /* kt [d][16] = the rows rp[0..16) transposed (lanes past c: scores never read); pure data movement, so no path
    changes a bit */
 static const v16i LO = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
@@ -282,6 +284,8 @@ static void transpose(const float *const *rp, idx c, idx d, float *kt) {
         for (; e0 + LN <= d; e0 += LN) {  /* a 16 x 16 tile in four rounds of interleaving */
             v16 a[LN], b[LN];
             for (int i = 0; i < LN; i++) a[i] = ld(rp[i] + e0);
+            for (int i = 0; i < LN; i++)  /* the line KAHEAD blocks on (a guess for a tail's rows; never faults) */
+                __builtin_prefetch((const char *)((uintptr_t)(rp[i] + e0) + KAHEAD * LN * d * sizeof(float)), 0, 3);
             for (int round = 0; round < 4; round++) {
                 for (int i = 0; i < LN / 2; i++) {
                     b[2 * i] = __builtin_shuffle(a[i], a[i + LN / 2], LO);
