@@ -74,6 +74,12 @@ INLINE float lanesum(v16 a) {
     return t[0];
 }
 
+/* the line of a key row `blocks` key blocks of 16 rows on (from `at`, the row's line being read), fetched into L1
+   while this block is transposed: a guess for a tail's rows, and a prefetch never faults */
+INLINE void fetch_ahead(const float *at, int blocks, idx d) {
+    __builtin_prefetch((const char *)((uintptr_t)at + blocks * LN * d * sizeof(float)), 0, 3);
+}
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 /* AVX2: the same per-lane operations on pairs of 8-float registers (a 16-lane vector does not fit one, and GCC
    lowers the 16-lane shuffles and wide register blocks to scalar code and spills). Only the data movement and the
@@ -90,10 +96,8 @@ static void transpose(const float *const *rp, idx c, idx d, float *kt) {
         for (int h = 0; h < LN; h += 8) {  /* the rows past c repeat row 0 */
             __m256 r[8], t[8], u[8];
             for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(rp[h + i] + e0);
-            if (!(e0 & 15))  /* once a line: the row KAHEAD blocks on (a guess for a tail's rows; never faults) */
-                for (int i = 0; i < 8; i++)
-                    _mm_prefetch((const char *)((uintptr_t)(rp[h + i] + e0) + KAHEAD * LN * d * sizeof(float)),
-                                 _MM_HINT_T0);
+            if (!(e0 & 15))  /* once a line */
+                for (int i = 0; i < 8; i++) fetch_ahead(rp[h + i] + e0, KAHEAD, d);
             for (int i = 0; i < 8; i += 2) {
                 t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
                 t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -284,8 +288,7 @@ static void transpose(const float *const *rp, idx c, idx d, float *kt) {
         for (; e0 + LN <= d; e0 += LN) {  /* a 16 x 16 tile in four rounds of interleaving */
             v16 a[LN], b[LN];
             for (int i = 0; i < LN; i++) a[i] = ld(rp[i] + e0);
-            for (int i = 0; i < LN; i++)  /* the line KAHEAD blocks on (a guess for a tail's rows; never faults) */
-                __builtin_prefetch((const char *)((uintptr_t)(rp[i] + e0) + KAHEAD * LN * d * sizeof(float)), 0, 3);
+            for (int i = 0; i < LN; i++) fetch_ahead(rp[i] + e0, KAHEAD, d);
             for (int round = 0; round < 4; round++) {
                 for (int i = 0; i < LN / 2; i++) {
                     b[2 * i] = __builtin_shuffle(a[i], a[i + LN / 2], LO);
