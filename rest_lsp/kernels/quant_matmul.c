@@ -24,6 +24,9 @@ typedef long long idx;
    Zen 4 core streaming its panels well below what the plain loads of the same bytes reach (docs/LOG.md) */
 #define PFL 2
 #endif
+#ifndef CHUNKS
+#define CHUNKS 32 /* chunks of panels in a thread's share (see quant_mm) */
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 /* A panel's format (`fmt`): 8, 5, 4 are Q8_0, Q5_0, Q4_0 blocks (one fp16 scale a block); 41 Q4_1 (fp16 d and m a
@@ -858,11 +861,25 @@ int quant_mm(const float *x, idx xn, idx m, idx k, const uint8_t *w, idx wn, idx
 #endif
 #ifdef _OPENMP
     int wide = (double)m * (double)k * (double)n >= 65536.0; /* in doubles: the product may pass 2^63 */
-    #pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1 && count > 1 && wide)
+    /* thread t's share is panels [count t / T, count (t + 1) / T): it takes its share's chunks in order, then
+       those another thread has not reached (`taken` counts each share's chunks handed out). Where another process
+       holds a core, the thread on it falls behind and the others take over its chunks; each panel's result is the
+       same on any thread. AMX calls keep one chunk a share (`amx_rows`' row chunks pass over a share's panels). */
+    int teams = threads > 1 ? threads : 1;
+    idx chunks = amx ? 1 : CHUNKS, *taken = calloc((size_t)teams * 8, sizeof(idx)); /* one cache line a share */
+    if (!taken)
+        panels(xq, xd, xs, xh, xc, m, nb, w, n, bits, bias, y, 0, count, xa, xda);
+    else
+    #pragma omp parallel num_threads(teams) if (teams > 1 && count > 1 && wide)
     {
         idx t = omp_get_thread_num(), T = omp_get_num_threads();
-        panels(xq, xd, xs, xh, xc, m, nb, w, n, bits, bias, y, count * t / T, count * (t + 1) / T, xa, xda);
+        for (idx u = 0; u < T; u++) {
+            idx s = (t + u) % T, lo = count * s / T, hi = count * (s + 1) / T, size = (hi - lo + chunks - 1) / chunks;
+            for (idx c; size > 0 && (c = lo + size * __atomic_fetch_add(&taken[s * 8], 1, __ATOMIC_RELAXED)) < hi;)
+                panels(xq, xd, xs, xh, xc, m, nb, w, n, bits, bias, y, c, c + size < hi ? c + size : hi, xa, xda);
+        }
     }
+    free(taken);
 #else
     (void)threads;
     panels(xq, xd, xs, xh, xc, m, nb, w, n, bits, bias, y, 0, count, xa, xda);

@@ -1,5 +1,6 @@
 """Our Q8_0 integer kernel (rest_lsp/kernels/quant_matmul.py): the product llama.cpp's Q8_0 x Q8_0 arithmetic defines,
-a row's result the same bit for bit whatever the rows beside it (one thread or two), the AMX tiles' results the
+a row's result the same bit for bit whatever the rows beside it (one thread or two) and whichever
+thread computes its panels, the AMX tiles' results the
 VNNI tiles' bit for bit, the AVX-VNNI, AVX2 and portable builds equal to the machine's own bit for bit, 5- and
 4-bit panels (Q5_0, Q4_0 blocks) equal to the 8-bit ones on the same values, a GGUF's Q8_0 blocks kept exactly, the
 op under TorchScript, and a library that computes wrong results refused."""
@@ -73,6 +74,27 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(threads):
             assert torch.equal(together[i : i + 1], quant_matmul.quant_mm(x[i : i + 1], panels, 300, bias)), i
         for lo, hi in ((5, 12), (0, 12), (3, 16), (10, 23)):
             assert torch.equal(together[lo:hi], quant_matmul.quant_mm(x[lo:hi], panels, 300, bias))
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_every_panel_is_computed_once_whichever_thread_takes_it(threads):
+    """The threads take their shares' chunks of panels and then each other's: with more threads than cores (so some
+    fall behind and others take over their chunks) and shares of uneven length, every column comes out as on one
+    thread, bit for bit."""
+    native()
+    old = torch.get_num_threads()
+    try:
+        torch.manual_seed(threads)
+        weight = torch.randn(16 * 211 + 5, 96)  # 212 panels, the last of 5 columns
+        panels = quant_matmul.pack(weight)
+        x = torch.randn(3, 96)
+        torch.set_num_threads(1)
+        want = quant_matmul.quant_mm(x, panels, weight.shape[0], None)
+        torch.set_num_threads(threads)
+        for _ in range(20):
+            assert torch.equal(quant_matmul.quant_mm(x, panels, weight.shape[0], None), want)
     finally:
         torch.set_num_threads(old)
 
