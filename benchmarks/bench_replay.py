@@ -861,7 +861,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def learned_step_costs(processes: list[dict]) -> str:
     """Per server process, the step cost its decoder learned from the steps it ran (ratio to a plain step, by
-    rows), from its last stats reply."""
+    rows), the thread count its steps ran on, and its draft gate, from its last stats reply."""
     lines = []
     for p in processes:
         cost = p["final_stats"].get("step_cost") if isinstance(p.get("final_stats"), dict) else None
@@ -869,6 +869,12 @@ def learned_step_costs(processes: list[dict]) -> str:
             learned = ", ".join(f"{k}: {r:.2f}x ({n})" for k, (n, r) in cost["learned"].items())
             lines.append(f"{p['config']} {p['mode']} {p['corpus']}: step cost learned (seed {cost['seed']}, "
                          f"{cost['growth_probes']} growth probes; rows: ratio (steps in window)): {learned}")
+        threads = p["final_stats"].get("step_threads") if isinstance(p.get("final_stats"), dict) else None
+        if threads:
+            medians = ", ".join(f"{c}: {ms:.1f} ms" for c, ms in threads["plain_step_ms"].items()) or "none timed"
+            lines.append(f"{p['config']} {p['mode']} {p['corpus']}: steps on {threads['threads']} threads "
+                         f"({threads['probes']} probes, {threads['switches']} switches; plain step by threads: "
+                         f"{medians})")
         gate = dict(p["final_stats"].get("draft_gate") or {}) if isinstance(p.get("final_stats"), dict) else {}
         lite = gate.pop("lite", None) or {}
         for kind, ledgers in (("draft gate", gate), ("draft gate, lite steps (the context alone)", lite)):

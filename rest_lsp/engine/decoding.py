@@ -32,6 +32,7 @@ from rest_lsp.engine.runmode import run_mode
 from rest_lsp.engine import step_cost
 from rest_lsp.engine.draft_gate import FULL, LITE, DraftGate
 from rest_lsp.engine.step_cost import StepCosts, seed_from_two
+from rest_lsp.engine.step_threads import StepThreads
 
 log = logging.getLogger(__name__)
 
@@ -366,6 +367,10 @@ class Decoder:
         # What a step of k rows costs here, learned from the steps run: seeded by calibrate() from what this machine
         # measured, else from a conservative curve (never the reference machines' curves above); a GPU's is flat.
         self.costs = StepCosts(self.run.step_cost, "flat") if self.device.type == "cuda" else StepCosts()
+        # How many threads a step runs on, learned from the plain steps' times (another process may hold a core):
+        # the gguf mode on a CPU alone, whose kernels compute the same values on any number of threads.
+        cpu_gguf = self.device.type == "cpu" and self.lean is not None and self.lean.packing == "gguf"
+        self.threads = StepThreads(torch.get_num_threads(), torch.set_num_threads) if cpu_gguf else None
         self.clock = time.perf_counter  # what step times are read from (a test's fake clock)
         self._pass_s: deque[float] = deque(maxlen=PASSES_KEPT)  # the last decoding passes' times (seconds)
         # Whether a step drafts at all: where drafting has not paid for its own work, steps are plain.
@@ -817,6 +822,8 @@ class Decoder:
         if config.temperature > 0 and config.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(config.seed)
         clock = Timers(start=time.perf_counter())
+        if self.threads is not None:
+            self.threads.apply()
         leave = self.chain_tail
         computed = self.prefill(prompt[:-1], stop=cancelled, leave=leave)
         chain = list(prompt[len(self._cached) : -1])  # computed in the first step's pass
@@ -843,6 +850,8 @@ class Decoder:
             tree = self._draft(seq, drafts, config, clock, lite) if drafting else self._root(seq)
             work_s = self.clock() - work_s
             # verify and accept: one pass, the longest agreed path
+            if self.threads is not None:
+                self.threads.apply()
             self._match_rope(seq)
             base = self._cache_length()
             accepted, path, logits_at = self._verify_and_accept(tree, chain, config, gen)
@@ -901,13 +910,16 @@ class Decoder:
                            gen: torch.Generator | None) -> tuple[list[int], list[int], Callable[[int], torch.Tensor]]:
         """One forward pass over the chain and the tree, then the walk: (accepted tokens, the path's nodes, the
         logits the pass computed, by node)."""
-        t = self.clock()
+        probe = self.threads is not None and self.threads.probing  # a step on another thread count than the rest
+        t, cpu = self.clock(), time.process_time()
         logits_at = _memo(self.verify(tree, chain))
         accepted, path = self.accept(tree, logits_at, config, gen)
         elapsed = self.clock() - t  # the walk read the logits: the device is done
         self._pass_s.append(elapsed)
-        if not chain:  # a prompt tail under the tree is a prefill's work, not a tree size's
+        if not chain and not probe:  # a prompt tail under the tree is a prefill's work, not a tree size's
             self.costs.record(len(tree), elapsed)
+        if not chain and len(tree) == 1 and self.threads is not None:
+            self.threads.record(elapsed, time.process_time() - cpu)
         return accepted, path, logits_at
 
     def _learn(self, recycle: DraftSource | None, tree: DraftTree, path: list[int], accepted: list[int],

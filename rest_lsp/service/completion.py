@@ -692,6 +692,9 @@ class CompletionService(HostThreads):
                 "acceptance_observations": self._decoder.acceptance.observations if self._decoder else 0,
                 # what a step of k rows costs over a plain one, as the decoder learned it from its steps
                 "step_cost": self._decoder.costs.describe() if self._decoder is not None else None,
+                # how many threads steps run on, as the decoder learned it from its plain steps (gguf on a CPU)
+                "step_threads": (self._decoder.threads.describe()
+                                 if self._decoder is not None and self._decoder.threads is not None else None),
                 # per situation, whether steps draft at all: what a drafted step saved, in plain steps
                 "draft_gate": self._decoder.gate.describe() if self._decoder is not None else None,
                 "document_caches": len(self._model.documents.kept()) if self._model is not None else 0,

@@ -1,0 +1,127 @@
+"""How many threads a decoding step runs on, learned from the plain steps the decoder times.
+
+torch starts with a thread per core, which is right on an idle machine. Where another process holds a core, the
+step's thread that shares it falls behind, and every kernel call and every step then waits on it: on 2 cores beside
+one busy process, bench_replay's plain server decoded at about half the speed on 2 threads that it reached on 1
+(docs/LOG.md, 2026-12-06). So the decoder times its plain steps per thread count and runs on the count whose recent
+plain steps were fastest, trying another count now and then (a probe) so that a load that comes or goes is seen.
+
+Rules:
+- The counts tried: the cores torch started with, one fewer, half of them, one (`counts`).
+- Only plain steps (one row, no prompt tail) are compared: they are the same work whatever the drafts, and a
+  thread count changes no value any kernel of the gguf mode computes, so REST stays plain decoding.
+- A count's time is the median of its last WINDOW plain steps. A probe runs PROBE_STEPS plain steps on the next
+  count below or above; then the faster by medians is kept (a switch needs the other to be faster by MARGIN).
+- Down: only while the process is starved, i.e. its CPU time over a step's wall time (the cores it got; the median of
+  the last WINDOW plain steps) is below the count by STARVED: an idle machine never pays for a probe down. Up: every
+  `interval` plain steps, since a count below the cores cannot see whether more would now be had.
+- A probe that lost by more than CLEAR doubles its direction's wait, up to PROBE_MAX; any other resets it.
+- While a probe runs, `probing` is True: the step-cost learner takes no step then (its ratios are to plain steps on
+  one count).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import Callable
+
+WINDOW = 5  # plain steps a count's time (and the cores it got) is the median of
+PROBE_STEPS = 5  # plain steps a probe runs on another count
+PROBE_EVERY = 64  # plain steps between probes up, at first and after one that did not lose clearly
+PROBE_MAX = 2048  # the most plain steps between probes, after probes that lost clearly again and again
+STARVED = 0.35  # the cores a step got below its thread count that make a probe down worth its steps
+MARGIN = 0.9  # another count is taken when its median is below this fraction of the current one's
+CLEAR = 1.25  # a probe lost clearly when its median is above this multiple of the current count's
+
+
+def counts(cores: int) -> list[int]:
+    """The thread counts tried for `cores` threads at start, most first."""
+    return sorted({c for c in (cores, cores - 1, cores // 2, 1) if c >= 1}, reverse=True)
+
+
+class StepThreads:
+    """The thread count steps run on (`current`), chosen from the plain steps' times (`record`); `apply` sets it
+    through `set_threads` (torch.set_num_threads) before a step."""
+
+    def __init__(self, cores: int, set_threads: Callable[[int], None]):
+        self.counts = counts(max(1, cores))
+        self.current = self.counts[0]
+        self.set_threads = set_threads
+        self.applied: int | None = None
+        self.times: dict[int, deque[float]] = {c: deque(maxlen=WINDOW) for c in self.counts}
+        self.got: dict[int, deque[float]] = {c: deque(maxlen=WINDOW) for c in self.counts}  # cores a step got
+        self.wait = {"down": WINDOW, "up": PROBE_EVERY}  # plain steps before a probe that way may start
+        self.since = 0  # plain steps since the last probe ended (or since the start)
+        self.probe: int | None = None  # the count a probe runs on
+        self.probe_left = 0
+        self.switches = 0
+        self.probes = 0
+
+    @property
+    def probing(self) -> bool:
+        return self.probe is not None
+
+    @property
+    def running(self) -> int:
+        """The count the next step runs on."""
+        return self.probe if self.probe is not None else self.current
+
+    def apply(self) -> None:
+        """Set the thread count the next step runs on (only when it changes)."""
+        if self.running != self.applied:
+            self.set_threads(self.running)
+            self.applied = self.running
+
+    def record(self, seconds: float, cpu_seconds: float | None = None) -> None:
+        """A plain step's wall time and the process's CPU time in it, on the count it ran on; may start or end a
+        probe."""
+        self.times[self.running].append(seconds)
+        if cpu_seconds is not None and seconds > 0:
+            self.got[self.running].append(cpu_seconds / seconds)
+        if self.probe is not None:
+            self.probe_left -= 1
+            if self.probe_left <= 0:
+                self._decide()
+            return
+        self.since += 1
+        target = self._next_probe()
+        if target is not None:
+            self.probe, self.probe_left = target, PROBE_STEPS
+            self.times[target].clear()  # what a probe measures is now, not what an earlier one did
+            self.probes += 1
+
+    def _next_probe(self) -> int | None:
+        i = self.counts.index(self.current)
+        below = self.counts[i + 1] if i + 1 < len(self.counts) else None
+        above = self.counts[i - 1] if i > 0 else None
+        got = self.got[self.current]
+        starved = len(got) == WINDOW and statistics.median(got) < self.current - STARVED
+        if below is not None and starved and self.since >= self.wait["down"]:
+            return below
+        if above is not None and self.since >= self.wait["up"]:
+            return above
+        return None
+
+    def _decide(self) -> None:
+        probe, self.probe, self.since = self.probe, None, 0
+        way = "down" if probe < self.current else "up"
+        mine, theirs = self.times[self.current], self.times[probe]
+        if not mine or not theirs:
+            return
+        now, other = statistics.median(mine), statistics.median(theirs)
+        if other < MARGIN * now:
+            self.current = probe
+            self.switches += 1
+            self.wait = {"down": WINDOW, "up": PROBE_EVERY}
+            self.got[probe].clear()
+        elif other > CLEAR * now:
+            self.wait[way] = min(PROBE_MAX, self.wait[way] * 2)
+        else:
+            self.wait[way] = WINDOW if way == "down" else PROBE_EVERY
+
+    def describe(self) -> dict:
+        """JSON for a stats reply: the count steps run on, the probes and switches, and per count timed the median
+        of its last plain steps (ms)."""
+        return {"threads": self.current, "probes": self.probes, "switches": self.switches,
+                "plain_step_ms": {str(c): round(statistics.median(t) * 1e3, 2) for c, t in self.times.items() if t}}

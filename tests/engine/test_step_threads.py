@@ -1,0 +1,112 @@
+"""The thread count steps run on is learned from the plain steps the decoder times (rest_lsp/engine/step_threads.py):
+steps move to fewer threads where another process holds a core and back when it is gone, an idle machine probes
+nothing, probes that lose grow rare, and greedy REST writes plain decoding's tokens while the count changes under
+it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rest_lsp.engine import step_threads
+from rest_lsp.engine.step_threads import PROBE_MAX, PROBE_STEPS, StepThreads, counts
+
+
+def run(threads: StepThreads, step_ms, steps: int, seed: int = 0, cores=lambda n, step: n) -> list[int]:
+    """The count each of `steps` plain steps ran on, each timed step_ms(count, step) with 5% noise, in which the
+    process got cores(count, step) cores."""
+    rnd = random.Random(seed)
+    ran = []
+    for step in range(steps):
+        threads.apply()
+        ran.append(threads.running)
+        seconds = step_ms(threads.running, step) * rnd.uniform(0.95, 1.05) / 1e3
+        threads.record(seconds, seconds * cores(threads.running, step))
+    return ran
+
+
+def test_the_counts_tried_are_the_cores_one_fewer_half_and_one():
+    assert counts(1) == [1]
+    assert counts(2) == [2, 1]
+    assert counts(8) == [8, 7, 4, 1]
+    assert counts(3) == [3, 2, 1]
+
+
+def test_steps_move_to_fewer_threads_while_another_process_holds_a_core_and_back_after():
+    """2 cores: 17.5 ms on 2 threads, 30 on 1, while idle; beside a busy process 2 threads take 60 ms and get 1.4
+    cores."""
+    set_to = []
+    threads = StepThreads(2, set_to.append)
+    busy = range(200, 800)
+    ms = lambda n, step: (60.0 if n == 2 else 31.0) if step in busy else (17.5 if n == 2 else 30.0)  # noqa: E731
+    got = lambda n, step: 1.4 if n == 2 and step in busy else n  # noqa: E731
+    ran = run(threads, ms, 1400, cores=got)
+    assert set(ran[:200]) == {2} and set_to[0] == 2  # an idle machine: no probe down
+    assert ran[220:800].count(1) > 0.9 * 580  # starved: down within a few steps, up-probes rare and short
+    assert ran[-100:].count(2) > 90  # the load is gone: back on both cores
+    assert threads.switches >= 2 and threads.current == 2
+
+
+def test_an_idle_machine_probes_nothing():
+    threads = StepThreads(2, lambda n: None)
+    assert set(run(threads, lambda n, step: 17.5 if n == 2 else 30.0, 5000)) == {2} and threads.probes == 0
+
+
+def test_probes_up_that_lose_grow_rare():
+    """On 1 thread, 2 threads stay slower (a load that does not leave): the probes up back off to PROBE_MAX."""
+    threads = StepThreads(2, lambda n: None)
+    threads.current = 1
+    ran = run(threads, lambda n, step: 60.0 if n == 2 else 31.0, 5000, cores=lambda n, step: 1.4 if n == 2 else 1)
+    assert threads.switches == 0 and threads.wait["up"] == PROBE_MAX
+    assert ran.count(2) == threads.probes * PROBE_STEPS and threads.probes <= 7
+
+
+def test_a_close_probe_keeps_the_count():
+    threads = StepThreads(2, lambda n: None)
+    run(threads, lambda n, step: 20.0 if n == 2 else 21.0, 1000, cores=lambda n, step: 1.5 if n == 2 else 1)
+    assert threads.switches == 0 and threads.probes > 10 and threads.wait["down"] == step_threads.WINDOW
+
+
+def test_the_count_is_set_only_when_it_changes():
+    """4 cores, starved (3 got): each count's probe down loses clearly, and the count is set at each probe's start
+    and end alone."""
+    set_to = []
+    threads = StepThreads(4, set_to.append)
+    run(threads, lambda n, step: 10.0 * 4 / n, 300, cores=lambda n, step: 3.0 if n == 4 else n)
+    assert set_to[0] == 4 and all(a != b for a, b in zip(set_to, set_to[1:]))
+    assert threads.probes > 2 and len(set_to) == 1 + 2 * threads.probes
+
+
+def test_one_core_has_nothing_to_choose():
+    threads = StepThreads(1, lambda n: None)
+    assert set(run(threads, lambda n, step: 10.0, 500)) == {1} and threads.probes == 0
+
+
+def test_greedy_rest_is_plain_decoding_while_the_thread_count_changes(monkeypatch, tmp_path):
+    """The gguf mode on a CPU: a probe after every plain step, each one won, so the count moves between 2 threads
+    and 1 all through the walks of perfect, useless, partly right and branchy drafts; every step's tokens are plain
+    decoding's."""
+    import torch
+    from test_exactness import assert_rest_is_plain_decoding
+    from test_gguf_mode import needs_kernel, write_gguf
+
+    from rest_lsp.engine.decoding import Decoder
+    from rest_lsp.engine.model import load_model
+
+    needs_kernel()
+    monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(step_threads, "PROBE_EVERY", 1)
+    monkeypatch.setattr(step_threads, "WINDOW", 1)
+    monkeypatch.setattr(step_threads, "PROBE_STEPS", 1)
+    monkeypatch.setattr(step_threads, "STARVED", -10.0)  # always starved: a probe down whenever one may start
+    monkeypatch.setattr(step_threads, "MARGIN", 10.0)  # every probe wins: the count flips after each
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        decoder = Decoder(load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf"))
+        assert decoder.threads is not None and decoder.threads.counts == [2, 1]
+        assert_rest_is_plain_decoding(decoder, decoder.vocab_size, budgets=(4, 16), seeds=range(2))
+        assert decoder.threads.switches > 10
+    finally:
+        torch.set_num_threads(before)
