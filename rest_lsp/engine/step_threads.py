@@ -15,7 +15,8 @@ Rules:
 - Down: only while the process is starved, i.e. its CPU time over a step's wall time (the cores it got; the median of
   the last WINDOW plain steps) is below the count by STARVED: an idle machine never pays for a probe down. Up: every
   `interval` plain steps, since a count below the cores cannot see whether more would now be had.
-- A probe that lost by more than CLEAR doubles its direction's wait, up to PROBE_MAX; any other resets it.
+- A probe that did not switch doubles the wait before the next one its way, up to PROBE_MAX (a count about as fast
+  as the current one is no reason to keep probing); a switch resets both waits.
 - While a probe runs, `probing` is True: the step-cost learner takes no step then (its ratios are to plain steps on
   one count).
 """
@@ -28,11 +29,10 @@ from typing import Callable
 
 WINDOW = 5  # plain steps a count's time (and the cores it got) is the median of
 PROBE_STEPS = 5  # plain steps a probe runs on another count
-PROBE_EVERY = 64  # plain steps between probes up, at first and after one that did not lose clearly
-PROBE_MAX = 2048  # the most plain steps between probes, after probes that lost clearly again and again
+PROBE_EVERY = 64  # plain steps between probes up, at first and after a switch
+PROBE_MAX = 2048  # the most plain steps between probes, after probes that did not switch again and again
 STARVED = 0.35  # the cores a step got below its thread count that make a probe down worth its steps
 MARGIN = 0.9  # another count is taken when its median is below this fraction of the current one's
-CLEAR = 1.25  # a probe lost clearly when its median is above this multiple of the current count's
 
 
 def counts(cores: int) -> list[int]:
@@ -115,10 +115,8 @@ class StepThreads:
             self.switches += 1
             self.wait = {"down": WINDOW, "up": PROBE_EVERY}
             self.got[probe].clear()
-        elif other > CLEAR * now:
+        else:  # lost, or too close to be worth a switch: that way is tried half as often
             self.wait[way] = min(PROBE_MAX, self.wait[way] * 2)
-        else:
-            self.wait[way] = WINDOW if way == "down" else PROBE_EVERY
 
     def describe(self) -> dict:
         """JSON for a stats reply: the count steps run on, the probes and switches, and per count timed the median
