@@ -864,18 +864,19 @@ def learned_step_costs(processes: list[dict]) -> str:
     rows), the thread count its steps ran on, and its draft gate, from its last stats reply."""
     lines = []
     for p in processes:
-        cost = p["final_stats"].get("step_cost") if isinstance(p.get("final_stats"), dict) else None
+        stats = p["final_stats"] if isinstance(p.get("final_stats"), dict) else {}
+        cost = stats.get("step_cost")
         if cost and cost.get("learned"):
             learned = ", ".join(f"{k}: {r:.2f}x ({n})" for k, (n, r) in cost["learned"].items())
             lines.append(f"{p['config']} {p['mode']} {p['corpus']}: step cost learned (seed {cost['seed']}, "
                          f"{cost['growth_probes']} growth probes; rows: ratio (steps in window)): {learned}")
-        threads = p["final_stats"].get("step_threads") if isinstance(p.get("final_stats"), dict) else None
+        threads = stats.get("step_threads")
         if threads:
             medians = ", ".join(f"{c}: {ms:.1f} ms" for c, ms in threads["plain_step_ms"].items()) or "none timed"
             lines.append(f"{p['config']} {p['mode']} {p['corpus']}: steps on {threads['threads']} threads "
                          f"({threads['probes']} probes, {threads['switches']} switches; plain step by threads: "
                          f"{medians})")
-        gate = dict(p["final_stats"].get("draft_gate") or {}) if isinstance(p.get("final_stats"), dict) else {}
+        gate = dict(stats.get("draft_gate") or {})
         lite = gate.pop("lite", None) or {}
         for kind, ledgers in (("draft gate", gate), ("draft gate, lite steps (the context alone)", lite)):
             if any(g["seen"] for g in ledgers.values()):

@@ -911,7 +911,7 @@ class Decoder:
         """One forward pass over the chain and the tree, then the walk: (accepted tokens, the path's nodes, the
         logits the pass computed, by node)."""
         probe = self.threads is not None and self.threads.probing  # a step on another thread count than the rest
-        t, cpu = self.clock(), time.process_time()
+        t, cpu = self.clock(), time.process_time() if self.threads is not None else 0.0
         logits_at = _memo(self.verify(tree, chain))
         accepted, path = self.accept(tree, logits_at, config, gen)
         elapsed = self.clock() - t  # the walk read the logits: the device is done

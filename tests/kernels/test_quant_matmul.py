@@ -1,9 +1,8 @@
 """Our Q8_0 integer kernel (rest_lsp/kernels/quant_matmul.py): the product llama.cpp's Q8_0 x Q8_0 arithmetic defines,
-a row's result the same bit for bit whatever the rows beside it (one thread or two) and whichever
-thread computes its panels, the AMX tiles' results the
-VNNI tiles' bit for bit, the AVX-VNNI, AVX2 and portable builds equal to the machine's own bit for bit, 5- and
-4-bit panels (Q5_0, Q4_0 blocks) equal to the 8-bit ones on the same values, a GGUF's Q8_0 blocks kept exactly, the
-op under TorchScript, and a library that computes wrong results refused."""
+a row's result the same bit for bit whatever the rows beside it (one thread or two) and whichever thread computes its
+panels, the AMX tiles' results the VNNI tiles' bit for bit, the AVX-VNNI, AVX2 and portable builds equal to the
+machine's own bit for bit, 5- and 4-bit panels (Q5_0, Q4_0 blocks) equal to the 8-bit ones on the same values, a
+GGUF's Q8_0 blocks kept exactly, the op under TorchScript, and a library that computes wrong results refused."""
 
 import logging
 import warnings
