@@ -506,6 +506,12 @@ INLINE void rows_block(const uint8_t *u, int fmt, int R, const int8_t *xq, const
         xsum[i] = xs[(r + i) * nb + b];
         xhalf[i] = SPLIT(fmt) ? xh[(r + i) * nb + b] : 0;
     }
+#if QM_PATH == 1
+    /* a tile's last pass over fewer rows than NR_OF (3 rows: 2 + 1) reads the block's ready weights through a
+       pointer gcc cannot see through: where it could, it loaded each weight vector once for the passes before and
+       this one, kept the 16 of them live across both and spilled them with the rows' sums; the loads stay in L1 */
+    if (R > 1 && NR != NR_OF(fmt)) __asm__("" : "+r"(u));
+#endif
     block_sums(u, fmt, R, xr, xsum, xhalf, NR, s);
     for (int i = 0; i < NR; i++) {
         __m256 dx = _mm256_set1_ps(xd[(r + i) * nb + b]);
