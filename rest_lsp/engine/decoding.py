@@ -371,6 +371,10 @@ class Decoder:
         # the gguf mode on a CPU alone, whose kernels compute the same values on any number of threads.
         cpu_gguf = self.device.type == "cpu" and self.lean is not None and self.lean.packing == "gguf"
         self.threads = StepThreads(torch.get_num_threads(), torch.set_num_threads) if cpu_gguf else None
+        # each thread count learns its own step-cost curve (`costs` is the one of the count steps run on): on fewer
+        # threads a tree's rows cost more over one row
+        self._costs_by_threads: dict[int, StepCosts] = {}
+        self._costs_threads = self.threads.current if self.threads is not None else None
         self.clock = time.perf_counter  # what step times are read from (a test's fake clock)
         self._pass_s: deque[float] = deque(maxlen=PASSES_KEPT)  # the last decoding passes' times (seconds)
         # Whether a step drafts at all: where drafting has not paid for its own work, steps are plain.
@@ -451,8 +455,11 @@ class Decoder:
         the next start's seed (one log line)."""
         if self._learned_file is None:
             return
+        costs = self.costs  # the curve of the count the key names (all the cores), not of fewer threads
+        if self.threads is not None and self._costs_threads != self.threads.counts[0]:
+            costs = self._costs_by_threads.get(self.threads.counts[0])
         try:
-            learned = self.costs.learned_json() or {}
+            learned = (costs.learned_json() if costs is not None else None) or {}
         except RuntimeError:  # a step recorded meanwhile (a replaced model finishing a request): not kept this time
             return
         if (gate := self.gate.learned_json()) is not None:
@@ -823,7 +830,7 @@ class Decoder:
             gen = torch.Generator(device=self.device).manual_seed(config.seed)
         clock = Timers(start=time.perf_counter())
         if self.threads is not None:
-            self.threads.apply()
+            self._apply_threads()
         leave = self.chain_tail
         computed = self.prefill(prompt[:-1], stop=cancelled, leave=leave)
         chain = list(prompt[len(self._cached) : -1])  # computed in the first step's pass
@@ -851,7 +858,7 @@ class Decoder:
             work_s = self.clock() - work_s
             # verify and accept: one pass, the longest agreed path
             if self.threads is not None:
-                self.threads.apply()
+                self._apply_threads()
             self._match_rope(seq)
             base = self._cache_length()
             accepted, path, logits_at = self._verify_and_accept(tree, chain, config, gen)
@@ -879,6 +886,20 @@ class Decoder:
                 f"The prompt ({len(prompt)} tokens) plus {config.max_new_tokens} new tokens does not fit the "
                 f"model's context of {self.max_context} tokens."
             )
+
+    def _apply_threads(self) -> None:
+        """Run the next step on the thread count chosen (StepThreads) and size trees on that count's step-cost curve:
+        a count steps switch to for the first time starts from the curve of the count before it, as a guess its
+        own steps soon outvote."""
+        self.threads.apply()
+        count = self.threads.current
+        if count == self._costs_threads:
+            return
+        self._costs_by_threads[self._costs_threads] = self.costs
+        costs = self._costs_by_threads.get(count)
+        if costs is None:
+            costs = StepCosts(self.costs.curve(), "other thread count", step_cost.GUESSED_WEIGHT)
+        self.costs, self._costs_threads = costs, count
 
     def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers",
                lite: DraftMix | None = None) -> DraftTree:

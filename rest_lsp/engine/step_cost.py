@@ -25,6 +25,8 @@ Rules:
 - Nothing measured here: the seed is CONSERVATIVE (trees start small and grow as steps prove cheap), never another
   machine's curve. What the steps taught is kept (`learned_json`) by whoever owns the decoder and seeds the next
   start on the same machine, model, mode and kernel (`from_learned_json`), as a curve measured here does.
+- One curve per thread count: a decoder whose steps move to fewer threads (step_threads.py) keeps one StepCosts a
+  count, the new one seeded with the curve of the count before it (GUESSED_WEIGHT).
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def _knot(rows: int) -> int:
 @dataclass(frozen=True)
 class Seed:
     curve: list[float]  # curve[k]: cost of k rows over one (curve[0] unused); never changed
-    source: str  # "measured" | "mode choice" | "conservative" | "flat"
+    source: str  # "measured" | "learned here" | "mode choice" | "conservative" | "flat" | "other thread count"
     weight: int  # pseudo-corrections of 1 behind it
 
     def at(self, k: int) -> float:

@@ -5,6 +5,7 @@ it."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -109,5 +110,61 @@ def test_greedy_rest_is_plain_decoding_while_the_thread_count_changes(monkeypatc
         assert decoder.threads is not None and decoder.threads.counts == [2, 1]
         assert_rest_is_plain_decoding(decoder, decoder.vocab_size, budgets=(4, 16), seeds=range(2))
         assert decoder.threads.switches > 10
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_each_thread_count_sizes_trees_by_its_own_steps(monkeypatch, tmp_path):
+    """Rows nearly free on 2 threads, dearer than a plain step on 1: after a switch to 1 thread trees shrink to plain
+    steps, and back on 2 they are whole chains again at once, from the curve the 2-thread steps taught; what is kept
+    for the next start is the curve of all the cores."""
+    import torch
+    from test_gguf_mode import needs_kernel, write_gguf
+    from test_step_cost import FLAT, STEEP, _Oracle
+
+    from rest_lsp.engine.decoding import DecodeConfig, Decoder
+    from rest_lsp.engine.model import load_model
+    from rest_lsp.engine.step_cost import from_learned_json
+
+    needs_kernel()
+    monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(step_threads, "STARVED", 100.0)  # never starved, and no probe up: the test switches
+    monkeypatch.setattr(step_threads, "PROBE_EVERY", 10**9)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        decoder = Decoder(load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf"))
+        decoder.calibrate(tmp_path / "kept", measure=False)
+        now = [0.0]
+        real = decoder.verify
+
+        def verify(tree, chain=()):
+            cost = FLAT if torch.get_num_threads() == 2 else STEEP
+            now[0] += 0.01 * cost(len(tree) + len(chain))
+            return real(tree, chain)
+
+        decoder.verify, decoder.clock = verify, lambda: now[0]
+        prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38] * 3
+        truth = decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=60, budget=0)).tokens
+        config = DecodeConfig(max_new_tokens=60, budget=8)
+
+        def per_step(n: int = 1) -> float:
+            for _ in range(n):
+                result = decoder.generate(prompt, _Oracle(prompt + truth), config)
+                assert result.tokens == truth
+                decoder.reset()
+            return result.tokens_per_step
+
+        assert per_step(8) > 3
+        on_two = decoder.costs
+        decoder.threads.current = 1  # what StepThreads decides beside a busy process
+        assert per_step(12) < 1.3
+        assert decoder.costs is not on_two and decoder.costs.source == "other thread count"
+        assert on_two.cost(8) < 1.2 < 2.0 < decoder.costs.cost(2)
+        decoder.save_learned()
+        decoder.threads.current = 2
+        assert per_step() > 3 and decoder.costs is on_two
+        kept = json.loads(next((tmp_path / "kept").rglob("learned-*.json")).read_text())
+        assert from_learned_json(kept)[8] < 1.2  # the 2-thread curve, saved while steps ran on 1
     finally:
         torch.set_num_threads(before)
