@@ -16,7 +16,9 @@ Rules:
   the last WINDOW plain steps) is below the count by STARVED: an idle machine never pays for a probe down. Up: every
   `interval` plain steps, since a count below the cores cannot see whether more would now be had.
 - A probe that did not switch doubles the wait before the next one its way, up to PROBE_MAX (a count about as fast
-  as the current one is no reason to keep probing); a switch resets both waits.
+  as the current one is no reason to keep probing); a switch resets both waits. But once the current count's
+  median is slower than the other count's last probe by the margin of a switch, that probe runs again at once (after
+  WINDOW plain steps): the load changed since it lost.
 - While a probe runs, `probing` is True: the step-cost learner takes no step then (its ratios are to plain steps on
   one count).
 """
@@ -97,11 +99,18 @@ class StepThreads:
         above = self.counts[i - 1] if i > 0 else None
         got = self.got[self.current]
         starved = len(got) == WINDOW and statistics.median(got) < self.current - STARVED
-        if below is not None and starved and self.since >= self.wait["down"]:
+        if below is not None and starved and (self.since >= self.wait["down"] or self._looks_faster(below)):
             return below
-        if above is not None and self.since >= self.wait["up"]:
+        if above is not None and (self.since >= self.wait["up"] or self._looks_faster(above)):
             return above
         return None
+
+    def _looks_faster(self, other: int) -> bool:
+        """The current count's last WINDOW plain steps are slower than `other`'s last probe by the margin of a
+        switch: the load changed since that probe lost, and waiting out its back-off would keep the slower count."""
+        mine, theirs = self.times[self.current], self.times[other]
+        return (len(mine) == WINDOW and len(theirs) > 0 and self.since >= WINDOW
+                and MARGIN * statistics.median(mine) > statistics.median(theirs))
 
     def _decide(self) -> None:
         probe, self.probe, self.since = self.probe, None, 0

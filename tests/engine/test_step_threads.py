@@ -168,3 +168,15 @@ def test_each_thread_count_sizes_trees_by_its_own_steps(monkeypatch, tmp_path):
         assert from_learned_json(kept)[8] < 1.2  # the 2-thread curve, saved while steps ran on 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_count_that_lost_a_probe_is_tried_again_once_the_current_one_is_slower_than_it_was():
+    """Starved on 2 threads from the start, but 1 thread is no faster at first (both 30 ms) and the probes down back
+    off; then the load grows and 2 threads take 60 ms: 1 thread (31 ms) is tried again within a few plain steps, not
+    after the doubled wait."""
+    threads = StepThreads(2, lambda n: None)
+    starved = lambda n, step: 1.5 if n == 2 else 1  # noqa: E731
+    run(threads, lambda n, step: 30.0 if n == 2 else 31.0, 300, cores=starved)
+    assert threads.switches == 0 and threads.wait["down"] > 4 * step_threads.WINDOW  # the probes down lost
+    ran = run(threads, lambda n, step: 60.0 if n == 2 else 31.0, 30, cores=starved)
+    assert ran.count(1) >= 20 and threads.current == 1  # switched within 10 plain steps of the change
