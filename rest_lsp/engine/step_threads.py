@@ -18,7 +18,8 @@ Rules:
 - A probe that did not switch doubles the wait before the next one its way, up to PROBE_MAX (a count about as fast
   as the current one is no reason to keep probing); a switch resets both waits. But once the current count's
   median is slower than the other count's last probe by the margin of a switch, that probe runs again at once (after
-  WINDOW plain steps): the load changed since it lost.
+  WINDOW plain steps), starved or not (the process's CPU time also counts its other threads' work): the load changed
+  since it lost.
 - While a probe runs, `probing` is True: the step-cost learner takes no step then (its ratios are to plain steps on
   one count).
 """
@@ -99,7 +100,7 @@ class StepThreads:
         above = self.counts[i - 1] if i > 0 else None
         got = self.got[self.current]
         starved = len(got) == WINDOW and statistics.median(got) < self.current - STARVED
-        if below is not None and starved and (self.since >= self.wait["down"] or self._looks_faster(below)):
+        if below is not None and ((starved and self.since >= self.wait["down"]) or self._looks_faster(below)):
             return below
         if above is not None and (self.since >= self.wait["up"] or self._looks_faster(above)):
             return above
