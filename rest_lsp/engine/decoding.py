@@ -370,11 +370,12 @@ class Decoder:
         # How many threads a step runs on, learned from the plain steps' times (another process may hold a core):
         # the gguf mode on a CPU alone, whose kernels compute the same values on any number of threads.
         cpu_gguf = self.device.type == "cpu" and self.lean is not None and self.lean.packing == "gguf"
-        self.threads = StepThreads(torch.get_num_threads(), torch.set_num_threads) if cpu_gguf else None
+        self.threads = (StepThreads(torch.get_num_threads(), torch.set_num_threads, torch.get_num_threads)
+                        if cpu_gguf else None)
         # each thread count learns its own step-cost curve (`costs` is the one of the count steps run on): on fewer
         # threads a tree's rows cost more over one row
-        self._costs_by_threads: dict[int, StepCosts] = {}
         self._costs_threads = self.threads.current if self.threads is not None else None
+        self._costs_by_threads: dict[int | None, StepCosts] = {self._costs_threads: self.costs}
         self.clock = time.perf_counter  # what step times are read from (a test's fake clock)
         self._pass_s: deque[float] = deque(maxlen=PASSES_KEPT)  # the last decoding passes' times (seconds)
         # Whether a step drafts at all: where drafting has not paid for its own work, steps are plain.
@@ -441,11 +442,12 @@ class Decoder:
         if found is not None:
             self.run, self.calibration = self.run.measured(found.curve), found
             # timings from busy cores (not kept) are a seed the first steps outvote
-            self.costs.seed(found.curve, "measured", None if found.path is not None else step_cost.GUESSED_WEIGHT)
+            self._full_costs().seed(found.curve, "measured",
+                                    None if found.path is not None else step_cost.GUESSED_WEIGHT)
         elif self.device.type == "cpu" and (learned := _learned_costs(self._learned_file[0], kept)) is not None:
-            self.costs.seed(learned, "learned here")
+            self._full_costs().seed(learned, "learned here")
         elif self.device.type == "cpu" and (two := _mode_choice_steps(self.name, self.device, self.mode, root)):
-            self.costs.seed(seed_from_two(two[0], mode_choice.TREE, two[1]), "mode choice")
+            self._full_costs().seed(seed_from_two(two[0], mode_choice.TREE, two[1]), "mode choice")
         return found
 
     def save_learned(self) -> None:
@@ -455,18 +457,17 @@ class Decoder:
         the next start's seed (one log line)."""
         if self._learned_file is None:
             return
-        costs = self.costs  # the curve of the count the key names (all the cores), not of fewer threads
-        if self.threads is not None and self._costs_threads != self.threads.counts[0]:
-            costs = self._costs_by_threads.get(self.threads.counts[0])
-        try:
-            learned = (costs.learned_json() if costs is not None else None) or {}
+        path, key = self._learned_file
+        try:  # the curve of all the cores (the count the key names), not of fewer threads
+            learned = self._full_costs().learned_json() or {}
         except RuntimeError:  # a step recorded meanwhile (a replaced model finishing a request): not kept this time
             return
+        if "curve" not in learned and (kept := _kept_learned(path, key)) is not None and "curve" in kept:
+            learned.update(curve=kept["curve"], steps=kept.get("steps"))  # nothing new on all the cores: kept as it was
         if (gate := self.gate.learned_json()) is not None:
             learned["gate"] = gate
         if not learned:
             return
-        path, key = self._learned_file
         try:
             write_json(path, {"key": key, **learned})
         except OSError as err:
@@ -830,7 +831,7 @@ class Decoder:
             gen = torch.Generator(device=self.device).manual_seed(config.seed)
         clock = Timers(start=time.perf_counter())
         if self.threads is not None:
-            self._apply_threads()
+            self.threads.apply()
         leave = self.chain_tail
         computed = self.prefill(prompt[:-1], stop=cancelled, leave=leave)
         chain = list(prompt[len(self._cached) : -1])  # computed in the first step's pass
@@ -849,6 +850,7 @@ class Decoder:
             # draft: a tree of every source or of the context alone, whichever has gained more in this situation
             # (while it pays), else the root alone (a plain step)
             situation = DraftGate.situation(steps == 0, accepted_drafts)
+            self._follow_threads()  # one step chooses, records and judges on one count's curve
             kind = (None if config.budget <= 0 else FULL if not config.fit_to_cost
                     else self.gate.kind(situation, lite=mix is not None))
             drafting = kind is not None
@@ -858,7 +860,7 @@ class Decoder:
             work_s = self.clock() - work_s
             # verify and accept: one pass, the longest agreed path
             if self.threads is not None:
-                self._apply_threads()
+                self.threads.apply()
             self._match_rope(seq)
             base = self._cache_length()
             accepted, path, logits_at = self._verify_and_accept(tree, chain, config, gen)
@@ -887,19 +889,26 @@ class Decoder:
                 f"model's context of {self.max_context} tokens."
             )
 
-    def _apply_threads(self) -> None:
-        """Run the next step on the thread count chosen (StepThreads) and size trees on that count's step-cost curve:
-        a count steps switch to for the first time starts from the curve of the count before it, as a guess its
-        own steps soon outvote."""
-        self.threads.apply()
-        count = self.threads.current
-        if count == self._costs_threads:
+    def _follow_threads(self) -> None:
+        """Size the next step's tree on the step-cost curve of the thread count steps now run on (StepThreads may
+        have switched in the step before): a count run for the first time starts from the curve of the count before
+        it, as a guess its own steps soon outvote; the count left forgets its plain-step reference (when steps come
+        back to it the load may be another), not its ratios."""
+        if self.threads is None or self.threads.current == self._costs_threads:
             return
-        self._costs_by_threads[self._costs_threads] = self.costs
+        count, left = self.threads.current, self.costs
         costs = self._costs_by_threads.get(count)
         if costs is None:
-            costs = StepCosts(self.costs.curve(), "other thread count", step_cost.GUESSED_WEIGHT)
+            costs = StepCosts(left.curve(), "other thread count", step_cost.GUESSED_WEIGHT, learn=left.learn)
+            self._costs_by_threads[count] = costs
+        left.pause()
         self.costs, self._costs_threads = costs, count
+
+    def _full_costs(self) -> StepCosts:
+        """The step-cost learner of all the cores: the curve a calibration measures and the next start reads."""
+        if self.threads is None:
+            return self.costs
+        return self._costs_by_threads.get(self.threads.counts[0], self.costs)
 
     def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers",
                lite: DraftMix | None = None) -> DraftTree:

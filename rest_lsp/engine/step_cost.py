@@ -26,7 +26,8 @@ Rules:
   machine's curve. What the steps taught is kept (`learned_json`) by whoever owns the decoder and seeds the next
   start on the same machine, model, mode and kernel (`from_learned_json`), as a curve measured here does.
 - One curve per thread count: a decoder whose steps move to fewer threads (step_threads.py) keeps one StepCosts a
-  count, the new one seeded with the curve of the count before it (GUESSED_WEIGHT).
+  count, the new one seeded with the curve of the count before it (GUESSED_WEIGHT); the count left is paused (its
+  plain-step reference dropped) until steps come back to it.
 """
 
 from __future__ import annotations
@@ -130,6 +131,12 @@ class StepCosts:
         """The median of the plain steps timed in the last REFERENCE_AGE steps (seconds), else None."""
         fresh = [s for step, s in self._plain if self.steps - step < REFERENCE_AGE]
         return statistics.median(fresh) if fresh else None
+
+    def pause(self) -> None:
+        """Steps stop coming here for a while (another thread count runs them): the plain steps timed so far are no
+        reference for the tree steps after the return, which wait for a fresh plain step; the ratios learned stay."""
+        self._plain.clear()
+        self._pending = []
 
     def record(self, rows: int, seconds: float) -> None:
         """A step of `rows` rows (root and drafts) took `seconds` of wall time."""

@@ -17,9 +17,10 @@ Rules:
   `interval` plain steps, since a count below the cores cannot see whether more would now be had.
 - A probe that did not switch doubles the wait before the next one its way, up to PROBE_MAX (a count about as fast
   as the current one is no reason to keep probing); a switch resets both waits. But once the current count's
-  median is slower than the other count's last probe by the margin of a switch, that probe runs again at once (after
-  WINDOW plain steps), starved or not (the process's CPU time also counts its other threads' work): the load changed
-  since it lost.
+  median has slowed by a quarter (SLOWED) since a probe lost, and is slower than that probe's by a switch's margin,
+  that probe runs again at once (after WINDOW plain steps), starved or not (the process's CPU time also counts its
+  other threads' work): the load changed since it lost. A count never probed is not tried on that evidence, so a
+  machine never starved never probes down.
 - While a probe runs, `probing` is True: the step-cost learner takes no step then (its ratios are to plain steps on
   one count).
 """
@@ -36,6 +37,9 @@ PROBE_EVERY = 64  # plain steps between probes up, at first and after a switch
 PROBE_MAX = 2048  # the most plain steps between probes, after probes that did not switch again and again
 STARVED = 0.35  # the cores a step got below its thread count that make a probe down worth its steps
 MARGIN = 0.9  # another count is taken when its median is below this fraction of the current one's
+# a count whose probe lost is probed again at once when the current count's median has grown past its median then
+# over this (a change of load, not the noise of a median of WINDOW steps)
+SLOWED = 0.8
 
 
 def counts(cores: int) -> list[int]:
@@ -47,10 +51,11 @@ class StepThreads:
     """The thread count steps run on (`current`), chosen from the plain steps' times (`record`); `apply` sets it
     through `set_threads` (torch.set_num_threads) before a step."""
 
-    def __init__(self, cores: int, set_threads: Callable[[int], None]):
+    def __init__(self, cores: int, set_threads: Callable[[int], None], get_threads: Callable[[], int] | None = None):
         self.counts = counts(max(1, cores))
         self.current = self.counts[0]
         self.set_threads = set_threads
+        self.get_threads = get_threads  # the count in force (another decoder of the process may have set its own)
         self.applied: int | None = None
         self.times: dict[int, deque[float]] = {c: deque(maxlen=WINDOW) for c in self.counts}
         self.got: dict[int, deque[float]] = {c: deque(maxlen=WINDOW) for c in self.counts}  # cores a step got
@@ -60,6 +65,7 @@ class StepThreads:
         self.probe_left = 0
         self.switches = 0
         self.probes = 0
+        self.beaten: dict[int, float] = {}  # per count whose last probe lost: the current count's median then (s)
 
     @property
     def probing(self) -> bool:
@@ -72,6 +78,8 @@ class StepThreads:
 
     def apply(self) -> None:
         """Set the thread count the next step runs on (only when it changes)."""
+        if self.get_threads is not None:
+            self.applied = self.get_threads()
         if self.running != self.applied:
             self.set_threads(self.running)
             self.applied = self.running
@@ -107,11 +115,15 @@ class StepThreads:
         return None
 
     def _looks_faster(self, other: int) -> bool:
-        """The current count's last WINDOW plain steps are slower than `other`'s last probe by the margin of a
-        switch: the load changed since that probe lost, and waiting out its back-off would keep the slower count."""
-        mine, theirs = self.times[self.current], self.times[other]
-        return (len(mine) == WINDOW and len(theirs) > 0 and self.since >= WINDOW
-                and MARGIN * statistics.median(mine) > statistics.median(theirs))
+        """Since `other`'s last probe lost, the current count's plain steps have slowed by a quarter (SLOWED) and are
+        now slower than that probe's by a switch's margin: the load changed, and waiting out the probe's back-off
+        would keep the slower count. Checked once a fresh window (WINDOW plain steps, all run since the probe): a
+        median of a few noisy steps checked at every step would find such a rise by chance."""
+        mine, theirs, then = self.times[self.current], self.times[other], self.beaten.get(other)
+        if then is None or not theirs or len(mine) < WINDOW or self.since < WINDOW or self.since % WINDOW:
+            return False
+        now = statistics.median(mine)
+        return SLOWED * now > then and MARGIN * now > statistics.median(theirs)
 
     def _decide(self) -> None:
         probe, self.probe, self.since = self.probe, None, 0
@@ -125,8 +137,10 @@ class StepThreads:
             self.switches += 1
             self.wait = {"down": WINDOW, "up": PROBE_EVERY}
             self.got[probe].clear()
+            self.beaten.clear()
         else:  # lost, or too close to be worth a switch: that way is tried half as often
             self.wait[way] = min(PROBE_MAX, self.wait[way] * 2)
+            self.beaten[probe] = now
 
     def describe(self) -> dict:
         """JSON for a stats reply: the count steps run on, the probes and switches, and per count timed the median

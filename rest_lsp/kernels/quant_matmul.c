@@ -507,9 +507,10 @@ INLINE void rows_block(const uint8_t *u, int fmt, int R, const int8_t *xq, const
         xhalf[i] = SPLIT(fmt) ? xh[(r + i) * nb + b] : 0;
     }
 #if QM_PATH == 1
-    /* a tile's last pass over fewer rows than NR_OF (3 rows: 2 + 1) reads the block's ready weights through a
-       pointer gcc cannot see through: where it could, it loaded each weight vector once for the passes before and
-       this one, kept the 16 of them live across both and spilled them with the rows' sums; the loads stay in L1 */
+    /* a tile's last pass over fewer rows than NR_OF (3 rows of 4-bit blocks: 2 + 1; 6 rows of 8-bit ones: 4 + 2)
+       reads the block's ready weights through a pointer gcc cannot see through: where it could, it loaded each
+       weight vector once for the passes before and this one, kept them all live across both and spilled them with
+       the rows' sums; the loads stay in L1 */
     if (R > 1 && NR != NR_OF(fmt)) __asm__("" : "+r"(u));
 #endif
     block_sums(u, fmt, R, xr, xsum, xhalf, NR, s);

@@ -301,3 +301,20 @@ def test_a_save_while_a_step_is_recorded_keeps_nothing_and_raises_nothing(tmp_pa
     monkeypatch.setattr(learned.costs, "learned_json", busy)
     learned.save_learned()
     assert not list(tmp_path.rglob(f"{decoding.LEARNED_PREFIX}*"))
+
+
+def test_a_start_that_taught_the_curve_nothing_keeps_the_one_it_started_from(tmp_path):
+    """A server seeded with the kept curve that ran no tree step (plain steps only, or steps on fewer threads) saves
+    its gate but leaves the kept curve as it was: the start after it still begins from it."""
+    before, prompt, truth = learned_steep(tmp_path)
+    before.save_learned()
+    after = Decoder(tiny_model("llama"))
+    after.calibrate(tmp_path, measure=False)
+    after.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=20, budget=0))
+    assert after.costs.learned_json() is None
+    after.gate.learned_json = lambda: {"situations": {}}  # what its drafted steps taught the gate is saved
+    after.save_learned()
+    third = Decoder(tiny_model("llama"))
+    third.calibrate(tmp_path, measure=False)
+    assert third.costs.source == "learned here"
+    assert third.step_cost[1:17] == pytest.approx(before.step_cost[1:17], abs=1e-3)
