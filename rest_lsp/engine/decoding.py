@@ -941,14 +941,15 @@ class Decoder:
         """One forward pass over the chain and the tree, then the walk: (accepted tokens, the path's nodes, the
         logits the pass computed, by node)."""
         probe = self.threads is not None and self.threads.probing  # a step on another thread count than the rest
-        t, cpu = self.clock(), time.process_time() if self.threads is not None else 0.0
+        timed_plain = self.threads is not None and not chain and len(tree) == 1  # what the thread count is chosen by
+        t, cpu = self.clock(), time.process_time() if timed_plain else 0.0
         logits_at = _memo(self.verify(tree, chain))
         accepted, path = self.accept(tree, logits_at, config, gen)
         elapsed = self.clock() - t  # the walk read the logits: the device is done
         self._pass_s.append(elapsed)
         if not chain and not probe:  # a prompt tail under the tree is a prefill's work, not a tree size's
             self.costs.record(len(tree), elapsed)
-        if not chain and len(tree) == 1 and self.threads is not None:
+        if timed_plain:
             self.threads.record(elapsed, time.process_time() - cpu)
         return accepted, path, logits_at
 
