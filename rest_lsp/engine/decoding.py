@@ -367,7 +367,7 @@ class Decoder:
         # What a step of k rows costs here, learned from the steps run: seeded by calibrate() from what this machine
         # measured, else from a conservative curve (never the reference machines' curves above); a GPU's is flat.
         self.costs = StepCosts(self.run.step_cost, "flat") if self.device.type == "cuda" else StepCosts()
-        # How many threads a step runs on, learned from the plain steps' times (another process may hold a core):
+        # How many threads a step runs on, learned from the steps' times (another process may hold a core):
         # the gguf mode on a CPU alone, whose kernels compute the same values on any number of threads.
         cpu_gguf = self.device.type == "cpu" and self.lean is not None and self.lean.packing == "gguf"
         self.threads = (StepThreads(torch.get_num_threads(), torch.set_num_threads, torch.get_num_threads)
@@ -856,7 +856,7 @@ class Decoder:
             drafting = kind is not None
             work_s = self.clock()
             lite = mix if kind == LITE else None
-            tree = self._draft(seq, drafts, config, clock, lite) if drafting else self._root(seq)
+            tree = self._draft(seq, drafts, config, clock, lite, len(chain)) if drafting else self._root(seq)
             work_s = self.clock() - work_s
             # verify and accept: one pass, the longest agreed path
             if self.threads is not None:
@@ -864,12 +864,12 @@ class Decoder:
             self._match_rope(seq)
             base = self._cache_length()
             accepted, path, logits_at = self._verify_and_accept(tree, chain, config, gen)
-            computed, steps = computed + len(chain), steps + 1
+            computed, steps, under = computed + len(chain), steps + 1, len(chain)
             # update: the learners, the gate, the cache
             work_s += self._learn(drafts if recycle and kind == FULL else None, tree, path, accepted, logits_at)
             accepted_drafts = len(accepted) - 1
             if drafting:
-                self._judge(situation, kind, config, tree, accepted_drafts, work_s)
+                self._judge(situation, kind, config, tree, accepted_drafts, work_s, under)
             accepted = accepted[: config.max_new_tokens - len(new)]
             self._commit(base, chain, seq, tree, path, accepted)
             chain = []
@@ -911,9 +911,10 @@ class Decoder:
         return self._costs_by_threads.get(self.threads.counts[0], self.costs)
 
     def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers",
-               lite: DraftMix | None = None) -> DraftTree:
+               lite: DraftMix | None = None, under: int = 0) -> DraftTree:
         """The sources' proposals after `seq` (with `lite`, that mix's LITE_SOURCES alone), merged into one tree
-        rooted at its last token and cut to what pays."""
+        rooted at its last token and cut to what pays (above a prompt tail of `under` rows: what it adds to
+        that pass)."""
         t = time.perf_counter()
         # a tree keeps `budget` nodes: a proposal's nodes past its `budget` likeliest would not be kept, and each
         # costs the merge's Python work
@@ -927,7 +928,7 @@ class Decoder:
         proposals = self._usable(found, len(seq))
         tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
         if config.fit_to_cost:
-            tree = self.costs.choose(tree)
+            tree = self.costs.choose(tree, under)
         clock.draft += time.perf_counter() - t
         return tree
 
@@ -941,16 +942,17 @@ class Decoder:
         """One forward pass over the chain and the tree, then the walk: (accepted tokens, the path's nodes, the
         logits the pass computed, by node)."""
         probe = self.threads is not None and self.threads.probing  # a step on another thread count than the rest
-        timed_plain = self.threads is not None and not chain and len(tree) == 1  # what the thread count is chosen by
-        t, cpu = self.clock(), time.process_time() if timed_plain else 0.0
+        timed = self.threads is not None and not chain  # what the thread count is chosen by: steps without a tail
+        t, cpu = self.clock(), time.process_time() if timed else 0.0
         logits_at = _memo(self.verify(tree, chain))
         accepted, path = self.accept(tree, logits_at, config, gen)
         elapsed = self.clock() - t  # the walk read the logits: the device is done
         self._pass_s.append(elapsed)
-        if not chain and not probe:  # a prompt tail under the tree is a prefill's work, not a tree size's
-            self.costs.record(len(tree), elapsed)
-        if timed_plain:
-            self.threads.record(elapsed, time.process_time() - cpu)
+        if not probe:  # a pass of k rows, tail or tree
+            self.costs.record(len(chain) + len(tree), elapsed)
+        if timed:  # a tree step as the plain steps it is worth on the current count's curve
+            worth = self.costs.cost(len(tree)) if len(tree) > 1 else 1.0
+            self.threads.record(elapsed / worth, (time.process_time() - cpu) / worth)
         return accepted, path, logits_at
 
     def _learn(self, recycle: DraftSource | None, tree: DraftTree, path: list[int], accepted: list[int],
@@ -964,12 +966,12 @@ class Decoder:
         return self.clock() - started
 
     def _judge(self, situation: str, kind: str, config: DecodeConfig, tree: DraftTree, accepted_drafts: int,
-               work_s: float) -> None:
-        """Tell the gate what a step drafted `kind` brought: its accepted drafts, less its extra rows' cost and
-        drafting's `work_s`, in plain steps. Fixed trees are not gated, and a step-cost probe is the curve's
-        exploration, not the drafts'."""
+               work_s: float, under: int = 0) -> None:
+        """Tell the gate what a step drafted `kind` brought: its accepted drafts, less what its rows beyond the root
+        added to the pass (above a prompt tail of `under` rows) and drafting's `work_s`, in plain steps. Fixed trees
+        are not gated, and a step-cost probe is the curve's exploration, not the drafts'."""
         if config.fit_to_cost and not self.costs.probing:
-            self.gate.report(situation, accepted_drafts, self.costs.cost(len(tree)) - 1.0, work_s,
+            self.gate.report(situation, accepted_drafts, self.costs.extra(len(tree), under), work_s,
                              self.costs.reference_s(), kind)
 
     def _commit(self, base: int, chain: list[int], seq: list[int], tree: DraftTree, path: list[int],

@@ -22,6 +22,10 @@ Rules:
   the next bucket above the size that pays (a growth probe), so a curve that flattens again is seen; drafts that
   would not pay even where rows are cheapest, or hold less than PROBE_GAIN expected tokens (a source
   always wrong), are never probed.
+- A request's first pass often computes an uncached prompt tail under its tree (decoding.py's chain): it is
+  recorded by all its rows (a pass of k rows costs what k rows cost, tail or tree), and its drafts pay for what they
+  add to it, cost(tail + rows) - cost(tail + 1), not cost(rows) - 1: on a CPU whose rows cost more each the more a
+  pass holds, a tree that pays alone may not on a tail.
 - Nothing measured here: the seed is CONSERVATIVE (trees start small and grow as steps prove cheap), never another
   machine's curve. What the steps taught is kept (`learned_json`) by whoever owns the decoder and seeds the next
   start on the same machine, model, mode and kernel (`from_learned_json`), as a curve measured here does.
@@ -243,11 +247,23 @@ class StepCosts:
         return {"curve": [round(c, 4) for c in self.curve()[1 : KNOTS[-1] + 1]], "steps": self.steps}
 
     # -- choosing ----------------------------------------------------------------------------------------------------
-    def choose(self, tree: DraftTree) -> DraftTree:
+    def extra(self, rows: int, under: int = 0) -> float:
+        """What a pass's `rows` tree rows beyond the root add to it, in plain steps: cost(rows) - 1 alone; above an
+        uncached prompt tail of `under` rows (a request's first step), cost(under + rows) - cost(under + 1)."""
+        return self.cost(under + rows) - self.cost(under + 1)
+
+    def choose(self, tree: DraftTree, under: int = 0) -> DraftTree:
         """The tree cut to what pays on the learned curve; the root alone when a plain step is due as the
         reference and the choice depends on it; grown to the next bucket when a growth probe is due and the drafts
-        beyond the cut would pay where rows are cheapest."""
+        beyond the cut would pay where rows are cheapest.
+
+        Above a prompt tail of `under` rows the drafts are weighed against what they add to that pass (`extra`):
+        the tail is paid with or without them, and rows cost more each the more a pass holds. Such a pass is
+        neither a reference (it is no plain step) nor a growth probe (it measures the tail's rows too)."""
         self.probing = False
+        if under and len(tree) > 1:
+            return fit_to_cost(tree, [0.0, 1.0] + [1.0 + max(MIN_DRAFT_COST, self.extra(k, under))
+                                                   for k in range(2, len(tree) + 1)])
         if len(tree) == 1 or not self.learn:
             return fit_to_cost(tree, self._seed.curve)
         self.trees += 1

@@ -1,17 +1,21 @@
-"""How many threads a decoding step runs on, learned from the plain steps the decoder times.
+"""How many threads a decoding step runs on, learned from the steps the decoder times.
 
 torch starts with a thread per core, which is right on an idle machine. Where another process holds a core, the
 step's thread that shares it falls behind, and every kernel call and every step then waits on it: on 2 cores beside
 one busy process, bench_replay's plain server decoded at about half the speed on 2 threads that it reached on 1
-(docs/LOG.md, 2026-12-06). So the decoder times its plain steps per thread count and runs on the count whose recent
-plain steps were fastest, trying another count now and then (a probe) so that a load that comes or goes is seen.
+(docs/LOG.md, 2026-12-06). So the decoder times its steps per thread count and runs on the count whose recent
+steps were fastest, trying another count now and then (a probe) so that a load that comes or goes is seen.
 
 Rules:
 - The counts tried: the cores torch started with, one fewer, half of them, one (`counts`).
-- Only plain steps (one row, no prompt tail) are compared: they are the same work whatever the drafts, and a
-  thread count changes no value any kernel of the gguf mode computes, so REST stays plain decoding.
-- A count's time is the median of its last WINDOW plain steps. A probe runs PROBE_STEPS plain steps on the next
-  count below or above; then the faster by medians is kept (a switch needs the other to be faster by MARGIN).
+- Steps are compared as plain steps (one row, no prompt tail): a tree step counts as its time over its cost ratio
+  on the current count's step-cost curve (step_cost.py), the plain steps it is worth. A REST server runs few plain
+  steps, and a probe counted on them alone ran for minutes on the slow count, or never ended (docs/LOG.md,
+  2026-12-06, evening). A step over a prompt tail is not counted (the tail's rows are a prefill's work). A thread
+  count changes no value any kernel of the gguf mode computes, so REST stays plain decoding.
+- A count's time is the median of its last WINDOW steps (as plain steps; below, "plain steps" are those counted).
+  A probe runs PROBE_STEPS plain steps on the next count below or above; then the faster by medians is kept (a
+  switch needs the other to be faster by MARGIN).
 - Down: only while the process is starved, i.e. its CPU time over a step's wall time (the cores it got; the median of
   the last WINDOW plain steps) is below the count by STARVED: an idle machine never pays for a probe down. Up: every
   `interval` plain steps, since a count below the cores cannot see whether more would now be had.
@@ -48,7 +52,7 @@ def counts(cores: int) -> list[int]:
 
 
 class StepThreads:
-    """The thread count steps run on (`current`), chosen from the plain steps' times (`record`); `apply` sets it
+    """The thread count steps run on (`current`), chosen from the steps' times (`record`); `apply` sets it
     through `set_threads` (torch.set_num_threads) before a step."""
 
     def __init__(self, cores: int, set_threads: Callable[[int], None], get_threads: Callable[[], int] | None = None):
@@ -85,8 +89,8 @@ class StepThreads:
             self.applied = self.running
 
     def record(self, seconds: float, cpu_seconds: float | None = None) -> None:
-        """A plain step's wall time and the process's CPU time in it, on the count it ran on; may start or end a
-        probe."""
+        """A step's wall time and the process's CPU time in it (a tree step's: over its cost ratio), on the count it
+        ran on; may start or end a probe."""
         self.times[self.running].append(seconds)
         if cpu_seconds is not None and seconds > 0:
             self.got[self.running].append(cpu_seconds / seconds)

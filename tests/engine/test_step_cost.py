@@ -121,6 +121,40 @@ def test_a_tree_step_without_a_reference_teaches_nothing():
     assert costs.seen() == {} and costs.curve() is CONSERVATIVE
 
 
+# rows dearer the more a pass holds
+CONVEX = lambda rows: 1.0 + 0.03 * (rows - 1) + 0.006 * (rows - 1) ** 2  # noqa: E731
+
+
+def likely_tree(n: int = 8, p: float = 0.6) -> DraftTree:
+    """A chain of n drafts, each accepted with probability p once its parent is."""
+    return DraftTree(list(range(n + 1)), list(range(-1, n)), list(range(n + 1)),
+                     tuple(p**i for i in range(n + 1)), ((),) * (n + 1))
+
+
+def test_drafts_above_a_prompt_tail_pay_for_what_they_add_to_its_pass():
+    """A request's first pass computes the prompt's uncached tail under its tree: the tail is paid either way, and on
+    a curve whose rows cost more the more a pass holds, the drafts are cut to what they add to that pass."""
+    costs = StepCosts([0.0] + [CONVEX(k) for k in range(1, 65)], "measured")
+    alone, on_tail = costs.choose(likely_tree()), costs.choose(likely_tree(), under=12)
+    assert costs.extra(3) == pytest.approx(CONVEX(3) - 1.0)
+    assert costs.extra(3, under=12) == pytest.approx(CONVEX(15) - CONVEX(13))
+    assert 1 < len(on_tail) < len(alone)
+    gain = lambda tree, extra: sum(tree.shares) / (1.0 + extra)  # noqa: E731 - tokens a step per plain step's time
+    assert gain(on_tail, costs.extra(len(on_tail), 12)) > gain(alone, costs.extra(len(alone), 12))
+    assert gain(alone, costs.extra(len(alone))) > gain(on_tail, costs.extra(len(on_tail)))
+
+
+def test_a_pass_over_a_prompt_tail_is_neither_a_reference_nor_a_growth_probe():
+    costs = StepCosts([0.0] + [CONVEX(k) for k in range(1, 65)], "measured")
+    costs.record(1, 0.01)
+    for _ in range(step_cost.REFERENCE_AGE + 2 * step_cost.PROBE_EVERY):
+        tree = costs.choose(likely_tree(16), under=20)
+        assert not costs.probing and len(tree) > 1
+        costs.record(20 + len(tree), 0.01 * CONVEX(20 + len(tree)))
+    assert costs.references == costs.probes == 0
+    assert len(costs.choose(likely_tree(16))) == 1 and costs.references == 1  # a tree step on its own: reference due
+
+
 # -- the decoder -----------------------------------------------------------------------------------------------------
 class _Oracle:
     """Proposes the true continuation as one sure chain (ratios 1)."""
@@ -318,3 +352,33 @@ def test_a_start_that_taught_the_curve_nothing_keeps_the_one_it_started_from(tmp
     third.calibrate(tmp_path, measure=False)
     assert third.costs.source == "learned here"
     assert third.step_cost[1:17] == pytest.approx(before.step_cost[1:17], abs=1e-3)
+
+
+def test_a_first_pass_over_a_prompt_tail_is_learned_and_judged_by_all_its_rows():
+    """The decoder's first pass computes the prompt's uncached tail under the tree: the curve learns that pass by all
+    its rows, and the gate is told what the tree's rows added to it, not what they would cost alone."""
+    loaded = tiny_model("llama")
+    prompt = [random.Random(3).randrange(97) for _ in range(30)]
+    decoder = Decoder(loaded)
+    assert decoder.chain_tail >= len(prompt)  # the whole prompt is the first pass's tail
+    truth = decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=24, budget=0)).tokens
+    decoder = Decoder(loaded)
+    decoder.costs = StepCosts([0.0] + [CONVEX(k) for k in range(1, 65)], "measured")
+    FakeClock(decoder, CONVEX)
+    reports = []
+    real_report = decoder.gate.report
+    decoder.gate.report = lambda situation, drafts, extra, *rest: (reports.append((situation, extra)),
+                                                                   real_report(situation, drafts, extra, *rest))
+    rows = []
+    real_choose = decoder.costs.choose
+    decoder.costs.choose = lambda tree, under=0: rows.append((under, len(t := real_choose(tree, under)))) or t
+    decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=4, budget=8))  # plain steps: the reference
+    decoder.reset()
+    rows.clear(), reports.clear()
+    result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=24, budget=8))
+    assert result.tokens == truth
+    under, first = rows[0]
+    assert under == len(prompt) - 1 and first > 1  # the oracle is sure: its drafts pay even on the tail
+    assert reports[0] == ("first", pytest.approx(CONVEX(under + first) - CONVEX(under + 1)))
+    decoder.generate(prompt + truth, _Oracle([]), DecodeConfig(max_new_tokens=2, budget=8))  # a plain step judges
+    assert step_cost.KNOTS[step_cost._knot(under + first)] in decoder.costs.seen()

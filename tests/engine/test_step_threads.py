@@ -214,3 +214,45 @@ def test_noisy_steps_of_two_counts_about_as_fast_make_no_more_probes(monkeypatch
     with_evidence = sum(probes(seed) for seed in range(6))
     monkeypatch.setattr(StepThreads, "_looks_faster", lambda self, other: False)
     assert with_evidence <= 1.5 * sum(probes(seed) for seed in range(6))
+
+
+def test_a_decoder_whose_steps_all_draft_moves_off_a_busy_core(monkeypatch, tmp_path):
+    """A REST server runs few plain steps: beside a busy process, where 2 threads step 4x slower than 1, steps that
+    all verify trees still move it to 1 thread within a few requests (its tree steps count as the plain steps they
+    are worth), and it writes plain decoding's tokens throughout."""
+    import torch
+    from test_gguf_mode import needs_kernel, write_gguf
+    from test_step_cost import FLAT, _Oracle
+
+    from rest_lsp.engine.decoding import DecodeConfig, Decoder
+    from rest_lsp.engine.model import load_model
+
+    needs_kernel()
+    monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf")
+        prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38] * 3
+        truth = Decoder(model).generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=60, budget=0)).tokens
+        torch.set_num_threads(2)  # the first decoder may have chosen 1 on this machine
+        decoder = Decoder(model)
+        assert decoder.threads.counts == [2, 1]
+        decoder.calibrate(tmp_path / "kept", measure=False)
+        now = [0.0]
+        real = decoder.verify
+
+        def verify(tree, chain=()):  # the process gets far less CPU time than the wall time: starved on 2 threads
+            busy = 4.0 if torch.get_num_threads() == 2 else 1.0
+            now[0] += 0.01 * busy * FLAT(len(tree) + len(chain))
+            return real(tree, chain)
+
+        decoder.verify, decoder.clock = verify, lambda: now[0]
+        for _ in range(6):
+            result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=60, budget=8))
+            assert result.tokens == truth
+            assert result.tokens_per_step > 3  # the trees pay: few plain steps to time
+            decoder.reset()
+        assert decoder.threads.current == 1 and decoder.threads.switches == 1, decoder.threads.describe()
+    finally:
+        torch.set_num_threads(before)
