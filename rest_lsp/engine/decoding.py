@@ -950,8 +950,9 @@ class Decoder:
         self._pass_s.append(elapsed)
         if not probe:  # a pass of k rows, tail or tree
             self.costs.record(len(chain) + len(tree), elapsed)
-        if timed:  # a tree step as the plain steps it is worth on the current count's curve
-            worth = self.costs.cost(len(tree)) if len(tree) > 1 else 1.0
+        if timed:  # a tree step as the plain steps it is worth on the curve of the count it ran on
+            curve = self._costs_by_threads.get(self.threads.running, self.costs)
+            worth = curve.cost(len(tree)) if len(tree) > 1 else 1.0
             self.threads.record(elapsed / worth, (time.process_time() - cpu) / worth)
         return accepted, path, logits_at
 

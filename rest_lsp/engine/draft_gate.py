@@ -7,8 +7,9 @@ decoder reports what drafting brought and what it cost, in plain steps:
 
     gain = accepted drafts - (cost(rows) - 1) - drafting seconds / plain step seconds
 
-cost(rows) from the step-cost curve the steps taught (step_cost), the plain step from its reference (the median of
-recent one-row passes). Gains are averaged per SITUATION, as acceptance runs in streaks and a request's first step
+cost(rows) from the step-cost curve the steps taught (step_cost; above an uncached prompt tail, what the rows add
+to that pass: `StepCosts.extra`), the plain step from its reference (the median of recent one-row passes).
+Gains are averaged per SITUATION, as acceptance runs in streaks and a request's first step
 meets drafts of its own (the output the model wrote there a moment ago, the start a prompt holds back):
 - "first": the first step of a request;
 - "after": a step after one that accepted drafts;
@@ -96,8 +97,9 @@ class DraftGate:
     def report(self, situation: str, accepted_drafts: int, extra_rows_cost: float, draft_s: float,
                plain_s: float | None, kind: str = FULL) -> None:
         """A drafted step in `situation` (drafting `kind`) accepted `accepted_drafts` drafts; its rows beyond the
-        root cost `extra_rows_cost` plain steps (cost(rows) - 1); drafting and learning took `draft_s` seconds; a
-        plain step takes `plain_s` now (None: not known yet, and the step teaches nothing)."""
+        root cost `extra_rows_cost` plain steps (`StepCosts.extra`: cost(rows) - 1 alone); drafting and learning
+        took `draft_s` seconds; a plain step takes `plain_s` now (None: not known yet, and the step teaches
+        nothing)."""
         if plain_s is None or plain_s <= 0:
             return
         s = (self.situations if kind == FULL else self.lite)[situation]

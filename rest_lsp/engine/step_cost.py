@@ -249,8 +249,12 @@ class StepCosts:
     # -- choosing ----------------------------------------------------------------------------------------------------
     def extra(self, rows: int, under: int = 0) -> float:
         """What a pass's `rows` tree rows beyond the root add to it, in plain steps: cost(rows) - 1 alone; above an
-        uncached prompt tail of `under` rows (a request's first step), cost(under + rows) - cost(under + 1)."""
-        return self.cost(under + rows) - self.cost(under + 1)
+        uncached prompt tail of `under` rows (a request's first step), cost(under + rows) - cost(under + 1). At least
+        MIN_DRAFT_COST for any drafts: each bucket has its own correction, so the learned curve can dip where one
+        bucket meets the next, and a difference of two large costs would then credit drafts with negative time."""
+        if rows <= 1:
+            return 0.0
+        return max(MIN_DRAFT_COST, self.cost(under + rows) - self.cost(under + 1))
 
     def choose(self, tree: DraftTree, under: int = 0) -> DraftTree:
         """The tree cut to what pays on the learned curve; the root alone when a plain step is due as the
@@ -262,8 +266,7 @@ class StepCosts:
         neither a reference (it is no plain step) nor a growth probe (it measures the tail's rows too)."""
         self.probing = False
         if under and len(tree) > 1:
-            return fit_to_cost(tree, [0.0, 1.0] + [1.0 + max(MIN_DRAFT_COST, self.extra(k, under))
-                                                   for k in range(2, len(tree) + 1)])
+            return fit_to_cost(tree, [0.0, 1.0] + [1.0 + self.extra(k, under) for k in range(2, len(tree) + 1)])
         if len(tree) == 1 or not self.learn:
             return fit_to_cost(tree, self._seed.curve)
         self.trees += 1

@@ -9,10 +9,10 @@ steps were fastest, trying another count now and then (a probe) so that a load t
 Rules:
 - The counts tried: the cores torch started with, one fewer, half of them, one (`counts`).
 - Steps are compared as plain steps (one row, no prompt tail): a tree step counts as its time over its cost ratio
-  on the current count's step-cost curve (step_cost.py), the plain steps it is worth. A REST server runs few plain
-  steps, and a probe counted on them alone ran for minutes on the slow count, or never ended (docs/LOG.md,
-  2026-12-06, evening). A step over a prompt tail is not counted (the tail's rows are a prefill's work). A thread
-  count changes no value any kernel of the gguf mode computes, so REST stays plain decoding.
+  on the step-cost curve of the count it ran on (step_cost.py), the plain steps it is worth. A REST server runs few
+  plain steps, and a probe counted on them alone could run for minutes on the slow count (docs/LOG.md, 2026-12-06,
+  evening). A step over a prompt tail is not counted (its time is mostly the tail's, the part of the curve known
+  least). A thread count changes no value any kernel of the gguf mode computes, so REST stays plain decoding.
 - A count's time is the median of its last WINDOW steps (as plain steps; below, "plain steps" are those counted).
   A probe runs PROBE_STEPS plain steps on the next count below or above; then the faster by medians is kept (a
   switch needs the other to be faster by MARGIN).

@@ -144,6 +144,16 @@ def test_drafts_above_a_prompt_tail_pay_for_what_they_add_to_its_pass():
     assert gain(alone, costs.extra(len(alone))) > gain(on_tail, costs.extra(len(on_tail)))
 
 
+def test_drafts_never_add_less_than_the_least_a_draft_costs_where_the_curve_dips():
+    """Each bucket has its own correction, so a learned curve can dip where one bucket meets the next: a difference
+    of two costs across the dip would credit drafts with negative time, in the cut and in the draft gate."""
+    dip = [0.0] + [CONVEX(k) if k <= 12 else CONVEX(k) - 0.8 for k in range(1, 65)]
+    costs = StepCosts(dip, "measured")
+    assert costs.cost(13) < costs.cost(11)
+    assert costs.extra(3, under=10) == step_cost.MIN_DRAFT_COST and costs.extra(1, under=10) == 0.0
+    assert costs.extra(4) == pytest.approx(CONVEX(4) - 1.0)
+
+
 def test_a_pass_over_a_prompt_tail_is_neither_a_reference_nor_a_growth_probe():
     costs = StepCosts([0.0] + [CONVEX(k) for k in range(1, 65)], "measured")
     costs.record(1, 0.01)

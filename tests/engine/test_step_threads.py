@@ -256,3 +256,44 @@ def test_a_decoder_whose_steps_all_draft_moves_off_a_busy_core(monkeypatch, tmp_
         assert decoder.threads.current == 1 and decoder.threads.switches == 1, decoder.threads.describe()
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_tree_step_counts_as_the_plain_steps_it_is_worth(monkeypatch, tmp_path):
+    """Tree steps dearer than plain ones by the curve the decoder learned: each counts as one plain step's time, so
+    a count whose steps happen to draft more is not taken for a slower one."""
+    import torch
+    from test_gguf_mode import needs_kernel, write_gguf
+    from test_step_cost import CONVEX, _Oracle
+
+    from rest_lsp.engine.decoding import DecodeConfig, Decoder
+    from rest_lsp.engine.model import load_model
+    from rest_lsp.engine.step_cost import StepCosts
+
+    needs_kernel()
+    monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(step_threads, "STARVED", 100.0)  # no probe: every step on 2 threads
+    monkeypatch.setattr(step_threads, "PROBE_EVERY", 10**9)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf")
+        prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38] * 3
+        truth = Decoder(model).generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=80, budget=0)).tokens
+        torch.set_num_threads(2)
+        decoder = Decoder(model)
+        decoder.costs = decoder._costs_by_threads[2] = StepCosts([0.0] + [CONVEX(k) for k in range(1, 65)],
+                                                                  "measured", learn=False)
+        now = [0.0]
+        real = decoder.verify
+
+        def verify(tree, chain=()):
+            now[0] += 0.01 * CONVEX(len(tree) + len(chain))
+            return real(tree, chain)
+
+        decoder.verify, decoder.clock = verify, lambda: now[0]
+        result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=80, budget=8))
+        assert result.tokens == truth and result.tokens_per_step > 3  # tree steps of 9 rows, 1.7x a plain one
+        assert list(decoder.threads.times[2]) == pytest.approx([0.01] * len(decoder.threads.times[2]))
+        assert len(decoder.threads.times[2]) == step_threads.WINDOW
+    finally:
+        torch.set_num_threads(before)
