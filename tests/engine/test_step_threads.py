@@ -216,27 +216,39 @@ def test_noisy_steps_of_two_counts_about_as_fast_make_no_more_probes(monkeypatch
     assert with_evidence <= 1.5 * sum(probes(seed) for seed in range(6))
 
 
+def _truth_and_two_thread_decoder(tmp_path, new_tokens: int):
+    """A tiny gguf model's prompt, its plain continuation, and a fresh decoder on 2 threads (the one that computed
+    the continuation may have chosen 1 on this machine)."""
+    import torch
+    from test_gguf_mode import write_gguf
+    from test_step_cost import _Oracle
+
+    from rest_lsp.engine.decoding import DecodeConfig, Decoder
+    from rest_lsp.engine.model import load_model
+
+    model = load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf")
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38] * 3
+    truth = Decoder(model).generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=new_tokens, budget=0)).tokens
+    torch.set_num_threads(2)
+    return prompt, truth, Decoder(model)
+
+
 def test_a_decoder_whose_steps_all_draft_moves_off_a_busy_core(monkeypatch, tmp_path):
     """A REST server runs few plain steps: beside a busy process, where 2 threads step 4x slower than 1, steps that
     all verify trees still move it to 1 thread within a few requests (its tree steps count as the plain steps they
     are worth), and it writes plain decoding's tokens throughout."""
     import torch
-    from test_gguf_mode import needs_kernel, write_gguf
+    from test_gguf_mode import needs_kernel
     from test_step_cost import FLAT, _Oracle
 
-    from rest_lsp.engine.decoding import DecodeConfig, Decoder
-    from rest_lsp.engine.model import load_model
+    from rest_lsp.engine.decoding import DecodeConfig
 
     needs_kernel()
     monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        model = load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf")
-        prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38] * 3
-        truth = Decoder(model).generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=60, budget=0)).tokens
-        torch.set_num_threads(2)  # the first decoder may have chosen 1 on this machine
-        decoder = Decoder(model)
+        prompt, truth, decoder = _truth_and_two_thread_decoder(tmp_path, 60)
         assert decoder.threads.counts == [2, 1]
         decoder.calibrate(tmp_path / "kept", measure=False)
         now = [0.0]
@@ -262,11 +274,10 @@ def test_a_tree_step_counts_as_the_plain_steps_it_is_worth(monkeypatch, tmp_path
     """Tree steps dearer than plain ones by the curve the decoder learned: each counts as one plain step's time, so
     a count whose steps happen to draft more is not taken for a slower one."""
     import torch
-    from test_gguf_mode import needs_kernel, write_gguf
+    from test_gguf_mode import needs_kernel
     from test_step_cost import CONVEX, _Oracle
 
-    from rest_lsp.engine.decoding import DecodeConfig, Decoder
-    from rest_lsp.engine.model import load_model
+    from rest_lsp.engine.decoding import DecodeConfig
     from rest_lsp.engine.step_cost import StepCosts
 
     needs_kernel()
@@ -276,11 +287,7 @@ def test_a_tree_step_counts_as_the_plain_steps_it_is_worth(monkeypatch, tmp_path
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        model = load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf")
-        prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38] * 3
-        truth = Decoder(model).generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=80, budget=0)).tokens
-        torch.set_num_threads(2)
-        decoder = Decoder(model)
+        prompt, truth, decoder = _truth_and_two_thread_decoder(tmp_path, 80)
         decoder.costs = decoder._costs_by_threads[2] = StepCosts([0.0] + [CONVEX(k) for k in range(1, 65)],
                                                                   "measured", learn=False)
         now = [0.0]
