@@ -14,6 +14,17 @@ from rest_lsp.engine import step_threads
 from rest_lsp.engine.step_threads import PROBE_MAX, PROBE_STEPS, StepThreads, counts
 
 
+@pytest.fixture
+def two_threads():
+    """torch on 2 threads for the test; the count it had comes back after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 def run(threads: StepThreads, step_ms, steps: int, seed: int = 0, cores=lambda n, step: n) -> list[int]:
     """The count each of `steps` plain steps ran on, each timed step_ms(count, step) with 5% noise, in which the
     process got cores(count, step) cores."""
@@ -85,11 +96,10 @@ def test_one_core_has_nothing_to_choose():
     assert set(run(threads, lambda n, step: 10.0, 500)) == {1} and threads.probes == 0
 
 
-def test_greedy_rest_is_plain_decoding_while_the_thread_count_changes(monkeypatch, tmp_path):
+def test_greedy_rest_is_plain_decoding_while_the_thread_count_changes(monkeypatch, tmp_path, two_threads):
     """The gguf mode on a CPU: a probe after every plain step, each one won, so the count moves between 2 threads
     and 1 all through the walks of perfect, useless, partly right and branchy drafts; every step's tokens are plain
     decoding's."""
-    import torch
     from test_exactness import assert_rest_is_plain_decoding
     from test_gguf_mode import needs_kernel, write_gguf
 
@@ -103,18 +113,13 @@ def test_greedy_rest_is_plain_decoding_while_the_thread_count_changes(monkeypatc
     monkeypatch.setattr(step_threads, "PROBE_STEPS", 1)
     monkeypatch.setattr(step_threads, "STARVED", -10.0)  # always starved: a probe down whenever one may start
     monkeypatch.setattr(step_threads, "MARGIN", 10.0)  # every probe wins: the count flips after each
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        decoder = Decoder(load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf"))
-        assert decoder.threads is not None and decoder.threads.counts == [2, 1]
-        assert_rest_is_plain_decoding(decoder, decoder.vocab_size, budgets=(4, 16), seeds=range(2))
-        assert decoder.threads.switches > 10
-    finally:
-        torch.set_num_threads(before)
+    decoder = Decoder(load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf"))
+    assert decoder.threads is not None and decoder.threads.counts == [2, 1]
+    assert_rest_is_plain_decoding(decoder, decoder.vocab_size, budgets=(4, 16), seeds=range(2))
+    assert decoder.threads.switches > 10
 
 
-def test_each_thread_count_sizes_trees_by_its_own_steps(monkeypatch, tmp_path):
+def test_each_thread_count_sizes_trees_by_its_own_steps(monkeypatch, tmp_path, two_threads):
     """Rows nearly free on 2 threads, dearer than a plain step on 1: after a switch to 1 thread trees shrink to plain
     steps, and back on 2 they are whole chains again at once, from the curve the 2-thread steps taught; what is kept
     for the next start is the curve of all the cores."""
@@ -130,58 +135,53 @@ def test_each_thread_count_sizes_trees_by_its_own_steps(monkeypatch, tmp_path):
     monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(step_threads, "STARVED", 100.0)  # never starved, and no probe up: the test switches
     monkeypatch.setattr(step_threads, "PROBE_EVERY", 10**9)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        decoder = Decoder(load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf"))
-        decoder.calibrate(tmp_path / "kept", measure=False)
-        now = [0.0]
-        real = decoder.verify
+    decoder = Decoder(load_model(str(write_gguf(tmp_path / "tiny.gguf", "qwen2", True)), "cpu", "gguf"))
+    decoder.calibrate(tmp_path / "kept", measure=False)
+    now = [0.0]
+    real = decoder.verify
 
-        def verify(tree, chain=()):
-            cost = FLAT if torch.get_num_threads() == 2 else STEEP
-            now[0] += 0.01 * cost(len(tree) + len(chain))
-            return real(tree, chain)
+    def verify(tree, chain=()):
+        cost = FLAT if torch.get_num_threads() == 2 else STEEP
+        now[0] += 0.01 * cost(len(tree) + len(chain))
+        return real(tree, chain)
 
-        decoder.verify, decoder.clock = verify, lambda: now[0]
-        prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38] * 3
-        truth = decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=60, budget=0)).tokens
-        config = DecodeConfig(max_new_tokens=60, budget=8)
+    decoder.verify, decoder.clock = verify, lambda: now[0]
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38] * 3
+    truth = decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=60, budget=0)).tokens
+    config = DecodeConfig(max_new_tokens=60, budget=8)
 
-        def per_step(n: int = 1) -> float:
-            for _ in range(n):
-                result = decoder.generate(prompt, _Oracle(prompt + truth), config)
-                assert result.tokens == truth
-                decoder.reset()
-            return result.tokens_per_step
+    def per_step(n: int = 1) -> float:
+        for _ in range(n):
+            result = decoder.generate(prompt, _Oracle(prompt + truth), config)
+            assert result.tokens == truth
+            decoder.reset()
+        return result.tokens_per_step
 
-        assert per_step(8) > 3
-        on_two = decoder.costs
-        # StepThreads moves to 1 thread in the third step of a request, as it decides beside a busy process
-        timed, seen = decoder.verify, []
+    assert per_step(8) > 3
+    on_two = decoder.costs
+    # StepThreads moves to 1 thread in the third step of a request, as it decides beside a busy process
+    timed, seen = decoder.verify, []
 
-        def switch_in_the_third(tree, chain=()):
-            seen.append((on_two.steps, on_two.trees))
-            if len(seen) == 3:
-                decoder.threads.current = 1
-            return timed(tree, chain)
+    def switch_in_the_third(tree, chain=()):
+        seen.append((on_two.steps, on_two.trees))
+        if len(seen) == 3:
+            decoder.threads.current = 1
+        return timed(tree, chain)
 
-        decoder.verify = switch_in_the_third
-        per_step()
-        decoder.verify = timed
-        # no step after the switch was sized by or taught to the 2 threads' curve
-        assert len(seen) > 4 and (on_two.steps, on_two.trees) == seen[3]
-        assert decoder.costs is not on_two and decoder.costs.source == "other thread count" and decoder.costs.steps
-        assert on_two.reference_s() is None  # its plain steps are no reference when steps come back to it
-        assert per_step(12) < 1.3
-        assert on_two.cost(8) < 1.2 < 2.0 < decoder.costs.cost(2)
-        decoder.save_learned()
-        decoder.threads.current = 2
-        assert per_step() > 3 and decoder.costs is on_two
-        kept = json.loads(next((tmp_path / "kept").rglob("learned-*.json")).read_text())
-        assert from_learned_json(kept)[8] < 1.2  # the 2-thread curve, saved while steps ran on 1
-    finally:
-        torch.set_num_threads(before)
+    decoder.verify = switch_in_the_third
+    per_step()
+    decoder.verify = timed
+    # no step after the switch was sized by or taught to the 2 threads' curve
+    assert len(seen) > 4 and (on_two.steps, on_two.trees) == seen[3]
+    assert decoder.costs is not on_two and decoder.costs.source == "other thread count" and decoder.costs.steps
+    assert on_two.reference_s() is None  # its plain steps are no reference when steps come back to it
+    assert per_step(12) < 1.3
+    assert on_two.cost(8) < 1.2 < 2.0 < decoder.costs.cost(2)
+    decoder.save_learned()
+    decoder.threads.current = 2
+    assert per_step() > 3 and decoder.costs is on_two
+    kept = json.loads(next((tmp_path / "kept").rglob("learned-*.json")).read_text())
+    assert from_learned_json(kept)[8] < 1.2  # the 2-thread curve, saved while steps ran on 1
 
 
 def test_a_count_that_lost_a_probe_is_tried_again_once_the_current_one_is_slower_than_it_was():
@@ -233,7 +233,7 @@ def _truth_and_two_thread_decoder(tmp_path, new_tokens: int):
     return prompt, truth, Decoder(model)
 
 
-def test_a_decoder_whose_steps_all_draft_moves_off_a_busy_core(monkeypatch, tmp_path):
+def test_a_decoder_whose_steps_all_draft_moves_off_a_busy_core(monkeypatch, tmp_path, two_threads):
     """A REST server runs few plain steps: beside a busy process, where 2 threads step 4x slower than 1, steps that
     all verify trees still move it to 1 thread within a few requests (its tree steps count as the plain steps they
     are worth), and it writes plain decoding's tokens throughout."""
@@ -245,35 +245,29 @@ def test_a_decoder_whose_steps_all_draft_moves_off_a_busy_core(monkeypatch, tmp_
 
     needs_kernel()
     monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        prompt, truth, decoder = _truth_and_two_thread_decoder(tmp_path, 60)
-        assert decoder.threads.counts == [2, 1]
-        decoder.calibrate(tmp_path / "kept", measure=False)
-        now = [0.0]
-        real = decoder.verify
+    prompt, truth, decoder = _truth_and_two_thread_decoder(tmp_path, 60)
+    assert decoder.threads.counts == [2, 1]
+    decoder.calibrate(tmp_path / "kept", measure=False)
+    now = [0.0]
+    real = decoder.verify
 
-        def verify(tree, chain=()):  # the process gets far less CPU time than the wall time: starved on 2 threads
-            busy = 4.0 if torch.get_num_threads() == 2 else 1.0
-            now[0] += 0.01 * busy * FLAT(len(tree) + len(chain))
-            return real(tree, chain)
+    def verify(tree, chain=()):  # the process gets far less CPU time than the wall time: starved on 2 threads
+        busy = 4.0 if torch.get_num_threads() == 2 else 1.0
+        now[0] += 0.01 * busy * FLAT(len(tree) + len(chain))
+        return real(tree, chain)
 
-        decoder.verify, decoder.clock = verify, lambda: now[0]
-        for _ in range(6):
-            result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=60, budget=8))
-            assert result.tokens == truth
-            assert result.tokens_per_step > 3  # the trees pay: few plain steps to time
-            decoder.reset()
-        assert decoder.threads.current == 1 and decoder.threads.switches == 1, decoder.threads.describe()
-    finally:
-        torch.set_num_threads(before)
+    decoder.verify, decoder.clock = verify, lambda: now[0]
+    for _ in range(6):
+        result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=60, budget=8))
+        assert result.tokens == truth
+        assert result.tokens_per_step > 3  # the trees pay: few plain steps to time
+        decoder.reset()
+    assert decoder.threads.current == 1 and decoder.threads.switches == 1, decoder.threads.describe()
 
 
-def test_a_tree_step_counts_as_the_plain_steps_it_is_worth(monkeypatch, tmp_path):
+def test_a_tree_step_counts_as_the_plain_steps_it_is_worth(monkeypatch, tmp_path, two_threads):
     """Tree steps dearer than plain ones by the curve the decoder learned: each counts as one plain step's time, so
     a count whose steps happen to draft more is not taken for a slower one."""
-    import torch
     from test_gguf_mode import needs_kernel
     from test_step_cost import CONVEX, _Oracle
 
@@ -284,23 +278,18 @@ def test_a_tree_step_counts_as_the_plain_steps_it_is_worth(monkeypatch, tmp_path
     monkeypatch.setenv("REST_LSP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(step_threads, "STARVED", 100.0)  # no probe: every step on 2 threads
     monkeypatch.setattr(step_threads, "PROBE_EVERY", 10**9)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        prompt, truth, decoder = _truth_and_two_thread_decoder(tmp_path, 80)
-        decoder.costs = decoder._costs_by_threads[2] = StepCosts([0.0] + [CONVEX(k) for k in range(1, 65)],
-                                                                  "measured", learn=False)
-        now = [0.0]
-        real = decoder.verify
+    prompt, truth, decoder = _truth_and_two_thread_decoder(tmp_path, 80)
+    decoder.costs = decoder._costs_by_threads[2] = StepCosts([0.0] + [CONVEX(k) for k in range(1, 65)],
+                                                              "measured", learn=False)
+    now = [0.0]
+    real = decoder.verify
 
-        def verify(tree, chain=()):
-            now[0] += 0.01 * CONVEX(len(tree) + len(chain))
-            return real(tree, chain)
+    def verify(tree, chain=()):
+        now[0] += 0.01 * CONVEX(len(tree) + len(chain))
+        return real(tree, chain)
 
-        decoder.verify, decoder.clock = verify, lambda: now[0]
-        result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=80, budget=8))
-        assert result.tokens == truth and result.tokens_per_step > 3  # tree steps of 9 rows, 1.7x a plain one
-        assert list(decoder.threads.times[2]) == pytest.approx([0.01] * len(decoder.threads.times[2]))
-        assert len(decoder.threads.times[2]) == step_threads.WINDOW
-    finally:
-        torch.set_num_threads(before)
+    decoder.verify, decoder.clock = verify, lambda: now[0]
+    result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=80, budget=8))
+    assert result.tokens == truth and result.tokens_per_step > 3  # tree steps of 9 rows, 1.7x a plain one
+    assert list(decoder.threads.times[2]) == pytest.approx([0.01] * len(decoder.threads.times[2]))
+    assert len(decoder.threads.times[2]) == step_threads.WINDOW

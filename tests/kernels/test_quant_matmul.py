@@ -243,9 +243,9 @@ def test_the_amx_tiles_run_only_where_the_environment_asks_for_them(asked, on):
     env = {k: v for k, v in os.environ.items() if k != quant_matmul.TILES_ENV}
     if asked is not None:
         env[quant_matmul.TILES_ENV] = asked
-    code = ("import torch; from rest_lsp.kernels import quant_matmul as q; lib = q.library(); "
-            "r = q.amx_rows(lib); print(lib.quant_amx_on(), q.call(lib, torch.randn(r, 64), q.pack(torch.randn(16, 64)), "
-            "16, 8, None, torch.empty(r, 16), 1), q.path_name(lib).endswith('AMX-INT8'))")
+    code = ("import torch; from rest_lsp.kernels import quant_matmul as q; lib = q.library(); r = q.amx_rows(lib); "
+            "ran = q.call(lib, torch.randn(r, 64), q.pack(torch.randn(16, 64)), 16, 8, None, torch.empty(r, 16), 1); "
+            "print(lib.quant_amx_on(), ran, q.path_name(lib).endswith('AMX-INT8'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(on), str(on), str(bool(on))]
