@@ -12,7 +12,6 @@ attention's and AMX's; 12: an AVX-512 VNNI tile) and more blocks of 8 (24, 25, 3
 
 Every request that completes writes what plain decoding writes (REST = plain in the q8 mode), the side steps give
 their logits bit for bit, and nothing crashes. Seeds are fixed; the thread timing is not, which is the point.
-Seed 1 runs with the AMX tiles on where the CPU has them (every call of 13 rows or more on them).
 .ci/sanitize.sh runs this under AddressSanitizer and UndefinedBehaviorSanitizer (the steps it ran are recorded as
 the test's `stress_steps` property).
 """
@@ -201,12 +200,6 @@ class Stress:
 def test_steps_of_every_size_cancelled_reloaded_and_side_by_side_stay_plain(seed, busy_core, record_property):
     if not (quant_matmul.available() and row_attention.available()):
         pytest.skip("no C compiler here builds the quantized kernels")
-    # seed 1 with the AMX tiles on where this CPU has them (off by default: quant_matmul.TILES_ENV)
-    with quant_matmul.amx_tiles(seed == 1 and quant_matmul.amx_available()):
-        run_stress(seed, record_property)
-
-
-def run_stress(seed: int, record_property) -> None:
     stress = Stress(seed)
     work: queue.Queue = queue.Queue()
     decoding = stress.guarded(stress.decoding_thread, work, len(STEP_SIZES) + JOBS // 2)
