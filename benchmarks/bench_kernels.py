@@ -235,8 +235,6 @@ def in_subprocess(level: str, argv: list[str]) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "level.json"
         env = {**os.environ, LEVEL_ENV: level}
-        if level == "amx":  # the level's tiles on (off by default: quant_matmul.TILES_ENV)
-            env["REST_LSP_AMX_TILES"] = "1"
         done = subprocess.run([sys.executable, __file__, *argv, "--child-json", str(out)], env=env)
         if done.returncode != 0 or not out.exists():
             print(f"level {level}: the run failed (exit status {done.returncode}); left out", flush=True)

@@ -80,8 +80,6 @@ def curves(levels_: list[str], bits: int, rows=ROWS, layers: int = LAYERS, round
     missing = [level for level, lib in libs.items() if lib is None]
     if missing:
         raise RuntimeError(f"no quantized kernel at level(s) {', '.join(missing)} here")
-    if "amx" in libs:  # the amx level is measured with its tiles on (off by default: quant_matmul.TILES_ENV)
-        libs["amx"].quant_set_amx(1)
     step = Pass(bits, layers, head)
     for lib in libs.values():  # warm: the pages touched, each library's first call made
         step.run(lib, 1, threads)

@@ -658,7 +658,7 @@ static const tile_fn *tiles_of(int fmt) {
     }
 }
 
-static int amx_wanted = 0; /* quant_set_amx: off until asked for (quant_matmul.py reads REST_LSP_AMX_TILES) */
+static int amx_wanted = 1; /* quant_set_amx */
 
 #if QM_AMX
 /* AMX: per panel, its blocks unpacked once to the signed quants q, 8 groups x 16 columns x 4 k a block: a B tile of
@@ -918,12 +918,9 @@ int quant_amx(void) {
 #endif
 }
 
-/* calls of at least quant_amx_rows() rows run on the AMX tiles while on (off by default) and quant_amx(); the bits
+/* calls of at least quant_amx_rows() rows run on the AMX tiles while on (the default) and quant_amx(); the bits
    are the same either way. Returns the setting before. */
 int quant_set_amx(int on) { return __atomic_exchange_n(&amx_wanted, on != 0, __ATOMIC_RELAXED); }
-
-/* 1 while calls of many rows run on the AMX tiles: they are on and usable */
-int quant_amx_on(void) { return __atomic_load_n(&amx_wanted, __ATOMIC_RELAXED) && quant_amx(); }
 
 int quant_amx_rows(void) { return AMX_ROWS; }
 

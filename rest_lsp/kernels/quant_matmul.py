@@ -42,13 +42,12 @@ d x sc and -(dmin x mn) (K: fp16 d and dmin per superblock of 256, 6-bit sc and 
 such in the panel); Q6_K two integer sums a block, one per 16 weights, each with its d x sc. Every factor is an
 exact fp32 product, so each level computes the same floats. Their panels never go to the AMX tiles.
 
-A prefill's many rows can run on AMX-INT8 tiles where the CPU has them (compiled for a target with AMX-INT8, the
-tile state granted to the process by Linux; from `amx_rows()` rows a call; only where `REST_LSP_AMX_TILES=1` asks
-for them, see `TILES_ENV`): a panel's blocks unpacked once to their
+A prefill's many rows run on AMX-INT8 tiles where the CPU has them (compiled for a target with AMX-INT8, the tile
+state granted to the process by Linux; from `amx_rows()` rows a call): a panel's blocks unpacked once to their
 signed quants (a block is one B tile, 8 x 64 bytes), then per 16 rows and block one TDPBSSD of the rows' 32 quants
 (an A tile) makes the block's exact int32 sums, the very integers the VNNI tiles make, and each row then takes the
 VNNI tiles' float operations on them in their order. Same integers, same float operations: the same results bit
-for bit, whichever tiles a row ran on and whatever rows were beside it (`amx_tiles` turns them on or off).
+for bit, whichever tiles a row ran on and whatever rows were beside it (`without_amx` turns them off to compare).
 
 The C is quant_matmul.c, built per level and loaded by loader.py's one path, then checked against a reference
 product before use; where it cannot be built or the cache folder is not this user's alone, `available()` is False.
@@ -59,7 +58,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 
 import torch
 
@@ -92,12 +90,6 @@ FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")
 LIBS = ("-lm",)
 
 
-# The AMX tiles run only where this is "1". Off by default: they make a tree step (fewer rows than `amx_rows()`)
-# no cheaper and only a long prefill faster, and the only REST/plain divergences ever seen (a rare one, in a server
-# process, whose cause is not found: docs/LOG.md, 2026-12-06) ran with them on.
-TILES_ENV = "REST_LSP_AMX_TILES"
-
-
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     ll, vp = ctypes.c_longlong, ctypes.c_void_p
     # x, xn, m, k, w, wn, n, bits, bias, bn, y, yn, threads (xn...: the elements each buffer holds)
@@ -111,8 +103,6 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.quant_set_amx.argtypes = [ctypes.c_int]
     lib.quant_set_amx.restype = ctypes.c_int
     lib.quant_amx_rows.restype = ctypes.c_int
-    lib.quant_amx_on.restype = ctypes.c_int
-    lib.quant_set_amx(int(os.environ.get(TILES_ENV, "").strip() == "1"))
     return lib
 
 
@@ -183,7 +173,7 @@ def path_name(lib: ctypes.CDLL | None = None) -> str:
     lib = lib or library()
     if lib is None:
         return "none"
-    return PATHS[lib.quant_path()] + (f" + {AMX}" if lib.quant_amx_on() else "")
+    return PATHS[lib.quant_path()] + (f" + {AMX}" if lib.quant_amx() else "")
 
 
 def build_name(lib: ctypes.CDLL | None = None) -> str:
@@ -196,8 +186,7 @@ def build_name(lib: ctypes.CDLL | None = None) -> str:
 
 def amx_available(lib: ctypes.CDLL | None = None) -> bool:
     """Whether `lib` (the machine's own by default) has AMX-INT8 tiles compiled in and this process may use them:
-    then, while they are on (`TILES_ENV`, `amx_tiles`), its calls of `amx_rows(lib)` rows or more run on them, with
-    the same results bit for bit."""
+    then its calls of `amx_rows(lib)` rows or more run on them, with the same results bit for bit."""
     lib = lib or library()
     return lib is not None and bool(lib.quant_amx())
 
@@ -211,22 +200,17 @@ def amx_rows(lib: ctypes.CDLL | None = None) -> int:
 
 
 @contextlib.contextmanager
-def amx_tiles(on: bool, lib: ctypes.CDLL | None = None):
-    """Within it, `lib`'s calls of many rows (from any thread: the setting is the library's) run on its AMX tiles
-    (`on`, where it has usable ones) or on the VNNI tiles alone: the tests and benchmarks compare the two."""
+def without_amx(lib: ctypes.CDLL | None = None):
+    """Within it, `lib`'s calls (from any thread: the setting is the library's) run on the VNNI tiles alone: the
+    tests compare the two."""
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the quantized kernel is not available on this machine")
-    before = lib.quant_set_amx(int(on))
+    before = lib.quant_set_amx(0)
     try:
         yield lib
     finally:
         lib.quant_set_amx(before)
-
-
-def without_amx(lib: ctypes.CDLL | None = None):
-    """`amx_tiles(False, lib)`."""
-    return amx_tiles(False, lib)
 
 
 def random_blocks(bits: int, n: int, k: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:

@@ -5,9 +5,6 @@ machine's own bit for bit, 5- and 4-bit panels (Q5_0, Q4_0 blocks) equal to the 
 GGUF's Q8_0 blocks kept exactly, the op under TorchScript, and a library that computes wrong results refused."""
 
 import logging
-import os
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -208,47 +205,25 @@ def test_the_amx_tiles_give_the_vnni_tiles_bits(bits, threads):
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        assert not ran_on_amx(lib, torch.randn(rows, 64), quant_matmul.pack(torch.randn(16, 64)), 16, 8)  # off
-        with quant_matmul.amx_tiles(True, lib):
-            amx_gives_vnni_bits(lib, rows, bits)
+        for n, k in ((50, 70), (33, 896), (130, 200), (20, 4864)):
+            q, d = narrow_blocks(n, k, bits, n * k + bits)
+            panels = quant_matmul.pack_blocks(q, d, bits)
+            x = torch.randn(300, k, generator=torch.Generator().manual_seed(k))
+            x[7, 32:64] = 0  # a row block of zeros: its scale 0
+            x[20, :32] = -x[20, :32].abs()  # a quant of -127
+            assert ran_on_amx(lib, x[:rows], panels, n, bits) and not ran_on_amx(lib, x[: rows - 1], panels, n, bits)
+            with quant_matmul.without_amx(lib):
+                assert not ran_on_amx(lib, x, panels, n, bits)
+            for bias in (None, torch.randn(n, generator=torch.Generator().manual_seed(n))):
+                for m in (16, 17, 40, 300):
+                    got = quant_matmul.quant_mm(x[:m], panels, n, bias, lib=lib, bits=bits)
+                    with quant_matmul.without_amx(lib):
+                        want = quant_matmul.quant_mm(x[:m], panels, n, bias, lib=lib, bits=bits)
+                    assert torch.equal(got, want), (n, k, m, bias is not None)
+                torch.testing.assert_close(got, quant_matmul.reference_blocks(x, q, d, bias), rtol=1e-5,
+                                           atol=2e-5 * k**0.5)
     finally:
         torch.set_num_threads(old)
-
-
-def amx_gives_vnni_bits(lib, rows, bits):
-    """With the tiles on: `rows` rows and more run on them, fewer not, and every shape gives the VNNI bits."""
-    for n, k in ((50, 70), (33, 896), (130, 200), (20, 4864)):
-        q, d = narrow_blocks(n, k, bits, n * k + bits)
-        panels = quant_matmul.pack_blocks(q, d, bits)
-        x = torch.randn(300, k, generator=torch.Generator().manual_seed(k))
-        x[7, 32:64] = 0  # a row block of zeros: its scale 0
-        x[20, :32] = -x[20, :32].abs()  # a quant of -127
-        assert ran_on_amx(lib, x[:rows], panels, n, bits) and not ran_on_amx(lib, x[: rows - 1], panels, n, bits)
-        with quant_matmul.without_amx(lib):
-            assert not ran_on_amx(lib, x, panels, n, bits)
-        for bias in (None, torch.randn(n, generator=torch.Generator().manual_seed(n))):
-            for m in (16, 17, 40, 300):
-                got = quant_matmul.quant_mm(x[:m], panels, n, bias, lib=lib, bits=bits)
-                with quant_matmul.without_amx(lib):
-                    want = quant_matmul.quant_mm(x[:m], panels, n, bias, lib=lib, bits=bits)
-                assert torch.equal(got, want), (n, k, m, bias is not None)
-            torch.testing.assert_close(got, quant_matmul.reference_blocks(x, q, d, bias), rtol=1e-5,
-                                       atol=2e-5 * k**0.5)
-
-
-@pytest.mark.parametrize("asked,on", [(None, 0), ("0", 0), ("yes", 0), ("1", 1)])
-def test_the_amx_tiles_run_only_where_the_environment_asks_for_them(asked, on):
-    """Off by default (docs/how-it-works.md says why); REST_LSP_AMX_TILES=1 turns them on for a process."""
-    with_amx()
-    env = {k: v for k, v in os.environ.items() if k != quant_matmul.TILES_ENV}
-    if asked is not None:
-        env[quant_matmul.TILES_ENV] = asked
-    code = ("import torch; from rest_lsp.kernels import quant_matmul as q; lib = q.library(); r = q.amx_rows(lib); "
-            "ran = q.call(lib, torch.randn(r, 64), q.pack(torch.randn(16, 64)), 16, 8, None, torch.empty(r, 16), 1); "
-            "print(lib.quant_amx_on(), ran, q.path_name(lib).endswith('AMX-INT8'))")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [str(on), str(on), str(bool(on))]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -265,8 +240,7 @@ def test_a_rows_result_is_the_same_alone_and_in_a_prefill(threads):
             q, d = narrow_blocks(100, 900, bits, bits)
             panels, bias = quant_matmul.pack_blocks(q, d, bits), torch.randn(100)
             x = torch.randn(300, 900)
-            with quant_matmul.amx_tiles(True, lib):
-                together = quant_matmul.quant_mm(x, panels, 100, bias, lib=lib, bits=bits)
+            together = quant_matmul.quant_mm(x, panels, 100, bias, lib=lib, bits=bits)
             for i in (0, 1, 15, 16, 17, 150, 287, 288, 299):
                 alone = quant_matmul.quant_mm(x[i : i + 1], panels, 100, bias, lib=lib, bits=bits)
                 assert torch.equal(alone, together[i : i + 1]), (bits, i)
