@@ -108,6 +108,36 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: Optional[torch.Tens
     return weight * h.to(x.dtype)
 
 
+# Elements one cos or sin call of `cos_sin` takes: under ATen's grain for these ops (2048), so the calling thread
+# computes them all
+TRIG_ELEMENTS = 1024
+
+
+def first_trig_calls() -> None:
+    """A cos and a sin of one element on this thread: the process's first, where nothing else asked before (see
+    `cos_sin`); model loading makes them before any model runs."""
+    torch.zeros(1).cos(), torch.zeros(1).sin()
+
+
+def cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of `angles` [P, D], elementwise as torch computes them, every element on the calling thread.
+
+    The rotary table is computed once and read by every later step, so one wrong element is wrong for the life of
+    the process. On a CPU, torch's cos over a whole [1024, 64] table (two OpenMP threads, each half the elements)
+    came back wrong in the worker thread's half in about one fresh process in forty on a 2-core Xeon (rows 512-1023
+    off by up to 1e-4; never the calling thread's half, never a later call in the process, never sin after it):
+    a server that met it answered differently from every other (docs/LOG.md, 2026-12-06, night). So the first
+    call is a small one on this thread, and then the table goes piece by piece, each piece this thread's alone:
+    the same values a whole call gives when it goes right, bit for bit."""
+    if angles.device.type != "cpu":
+        return angles.cos(), angles.sin()
+    first_trig_calls()
+    flat = angles.reshape(-1)
+    cos = torch.cat([flat[i : i + TRIG_ELEMENTS].cos() for i in range(0, flat.numel() or 1, TRIG_ELEMENTS)])
+    sin = torch.cat([flat[i : i + TRIG_ELEMENTS].sin() for i in range(0, flat.numel() or 1, TRIG_ELEMENTS)])
+    return cos.reshape(angles.shape), sin.reshape(angles.shape)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """transformers' x * cos + rotate_half(x) * sin, bit for bit: rotate_half(x) * sin is the two halves swapped
     (one roll) times sin with its first half negated (`sin` here)."""
@@ -435,7 +465,8 @@ class LeanLlama:
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
         sign = torch.ones(d, device=self.device)
         sign[: d // 2] = -1
-        return emb.cos().to(self.dtype), (emb.sin() * sign).to(self.dtype)
+        cos, sin = cos_sin(emb)
+        return cos.to(self.dtype), (sin * sign).to(self.dtype)
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)

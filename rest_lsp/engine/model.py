@@ -327,6 +327,9 @@ def _gguf_tokenizer(folder: str, gguf_file: str, keep: bool = False):
 
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    from rest_lsp.engine.lean_llama import first_trig_calls
+
+    first_trig_calls()  # before anything computes a cos on several threads: transformers' rotary tables too
     folder, gguf_file = _resolve(spec)
     # a .gguf's header is checked before anything is built from what it claims
     header = check_gguf(Path(folder) / gguf_file) if gguf_file else None

@@ -24,6 +24,37 @@ def test_the_rotation_is_transformers_rotation_bit_for_bit(arch):
     assert torch.equal(got, want[0])
 
 
+def test_the_rotation_table_is_computed_on_one_thread_and_is_transformers_at_every_position(monkeypatch):
+    """torch's cos over a whole [1024, 64] table, split between two threads, came back wrong in the worker thread's
+    half in about one fresh process in forty (docs/LOG.md, 2026-12-06, night), and the table lives as long as the
+    process: each cos and sin call that builds it takes fewer elements than torch splits between threads, and its
+    rows are transformers' own at positions far into a long context."""
+    from rest_lsp.engine import lean_llama
+
+    loaded = tiny_model("qwen2")
+    lean = LeanLlama(loaded.model, 512)
+    sizes = []
+
+    def recorded(real):
+        def call(self):
+            sizes.append(self.numel())
+            return real(self)
+        return call
+
+    monkeypatch.setattr(torch.Tensor, "cos", recorded(torch.Tensor.cos))
+    monkeypatch.setattr(torch.Tensor, "sin", recorded(torch.Tensor.sin))
+    cos, sin = lean._rope_table(4096)
+    monkeypatch.undo()
+    assert len(sizes) > 2 * 4096 * lean.head_dim // lean_llama.TRIG_ELEMENTS and max(sizes) <= 1024
+    positions = torch.tensor([0, 1, 511, 512, 1023, 1024, 2047, 3000, 4095])
+    x = torch.randn(1, 1, len(positions), lean.head_dim)
+    want_cos, want_sin = loaded.model.model.rotary_emb(x, positions[None])  # [1, n, D]: a few elements a call
+    assert torch.equal(cos[positions], want_cos[0])
+    half = lean.head_dim // 2
+    assert torch.equal(sin[positions][:, half:], want_sin[0][:, half:])
+    assert torch.equal(sin[positions][:, :half], -want_sin[0][:, :half])  # the first half negated for `rotate`
+
+
 @pytest.mark.parametrize("rows", [1, 3, 16])
 def test_the_norm_is_rmsnorm_to_rounding(rows):
     torch.manual_seed(0)
