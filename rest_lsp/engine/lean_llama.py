@@ -124,11 +124,11 @@ def cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     The rotary table is computed once and read by every later step, so one wrong element is wrong for the life of
     the process. On a CPU, torch's cos over a whole [1024, 64] table (two OpenMP threads, each half the elements)
-    came back wrong in the worker thread's half in about one fresh process in forty on a 2-core Xeon (rows 512-1023
-    off by up to 1e-4; never the calling thread's half, never a later call in the process, never sin after it):
-    a server that met it answered differently from every other (docs/LOG.md, 2026-12-06, night). So the first
-    call is a small one on this thread, and then the table goes piece by piece, each piece this thread's alone:
-    the same values a whole call gives when it goes right, bit for bit."""
+    came back wrong in the worker thread's half in 5 of 300 fresh processes on a 2-core Xeon (rows 512-1023 off by
+    up to 1e-4; only the process's first cos, never the calling thread's half, never the sin after it), and in none
+    of 150 with a one-element cos first: a server that met it answered otherwise than every other (docs/LOG.md,
+    2026-12-06, night). So the first call is a small one on this thread, and then the table goes piece by piece,
+    each piece this thread's alone: the values a whole call gives when it goes right, bit for bit."""
     if angles.device.type != "cpu":
         return angles.cos(), angles.sin()
     first_trig_calls()

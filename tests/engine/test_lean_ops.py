@@ -1,5 +1,5 @@
-"""The lean engine's small ops against transformers' own: the rotation bit for bit, the norm to rounding, and the
-attention scale folded into the query weights only where that is exact."""
+"""The lean engine's small ops against transformers' own: the rotation bit for bit (its table built on one thread), the
+norm to rounding, and the attention scale folded into the query weights only where that is exact."""
 
 import pytest
 import torch
@@ -26,7 +26,7 @@ def test_the_rotation_is_transformers_rotation_bit_for_bit(arch):
 
 def test_the_rotation_table_is_computed_on_one_thread_and_is_transformers_at_every_position(monkeypatch):
     """torch's cos over a whole [1024, 64] table, split between two threads, came back wrong in the worker thread's
-    half in about one fresh process in forty (docs/LOG.md, 2026-12-06, night), and the table lives as long as the
+    half in 5 of 300 fresh processes (docs/LOG.md, 2026-12-06, night), and the table lives as long as the
     process: each cos and sin call that builds it takes fewer elements than torch splits between threads, and its
     rows are transformers' own at positions far into a long context."""
     from rest_lsp.engine import lean_llama
