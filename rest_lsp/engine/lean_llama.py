@@ -8,7 +8,7 @@ fused into one matmul each, made once) over a KV cache of its own:
   - pre-allocated per layer, grown in blocks, written in place; a step's accepted rows are gathered into place;
   - attention for a 1-token step needs no mask; a tree step adds its [n, n] mask to the last n key columns only;
     in the q8 and gguf packings each row attends over its own keys alone (row_attention.py: REST = plain there);
-  - RoPE angles computed once for every position, as transformers computes them;
+  - RoPE angles computed once for every position, as transformers computes them (on one thread: `cos_sin`);
   - on a CPU the layers run as TorchScript (`LayerStack`): a small model's step is mostly tiny ops, and Python's
     own cost per op, about as much again, goes;
   - on a CPU the matmuls run on a packed copy of the weights (`Matmul`, the packing chosen by engine/runmode.py):
