@@ -8,7 +8,7 @@ fused into one matmul each, made once) over a KV cache of its own:
   - pre-allocated per layer, grown in blocks, written in place; a step's accepted rows are gathered into place;
   - attention for a 1-token step needs no mask; a tree step adds its [n, n] mask to the last n key columns only;
     in the q8 and gguf packings each row attends over its own keys alone (row_attention.py: REST = plain there);
-  - RoPE angles computed once for every position, as transformers computes them (on one thread: `cos_sin`);
+  - RoPE angles computed once for every position, as transformers computes them (rotary.py, on one thread);
   - on a CPU the layers run as TorchScript (`LayerStack`): a small model's step is mostly tiny ops, and Python's
     own cost per op, about as much again, goes;
   - on a CPU the matmuls run on a packed copy of the weights (`Matmul`, the packing chosen by engine/runmode.py):
@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from rest_lsp.engine import rotary
 from rest_lsp.engine.cuda_graphs import STEP_BUCKETS, StepGraphs, StepInputs
 from rest_lsp.engine.matmuls import Matmul, pick_packing
 from rest_lsp.kernels.step_ops import layer_norm_rms
@@ -106,36 +107,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, doubled: Optional[torch.Tens
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
-
-
-# Elements one cos or sin call of `cos_sin` takes: under ATen's grain for these ops (2048), so the calling thread
-# computes them all
-TRIG_ELEMENTS = 1024
-
-
-def first_trig_calls() -> None:
-    """A cos and a sin of one element on this thread: the process's first, where nothing else asked before (see
-    `cos_sin`); model loading makes them before any model runs."""
-    torch.zeros(1).cos(), torch.zeros(1).sin()
-
-
-def cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of `angles` [P, D], elementwise as torch computes them, every element on the calling thread.
-
-    The rotary table is computed once and read by every later step, so one wrong element is wrong for the life of
-    the process. On a CPU, torch's cos over a whole [1024, 64] table (two OpenMP threads, each half the elements)
-    came back wrong in the worker thread's half in 5 of 300 fresh processes on a 2-core Xeon (rows 512-1023 off by
-    up to 1e-4; only the process's first cos, never the calling thread's half, never the sin after it), and in none
-    of 150 with a one-element cos first: a server that met it answered otherwise than every other (docs/LOG.md,
-    2026-12-06, night). So the first call is a small one on this thread, and then the table goes piece by piece,
-    each piece this thread's alone: the values a whole call gives when it goes right, bit for bit."""
-    if angles.device.type != "cpu":
-        return angles.cos(), angles.sin()
-    first_trig_calls()
-    flat = angles.reshape(-1)
-    cos = torch.cat([flat[i : i + TRIG_ELEMENTS].cos() for i in range(0, flat.numel() or 1, TRIG_ELEMENTS)])
-    sin = torch.cat([flat[i : i + TRIG_ELEMENTS].sin() for i in range(0, flat.numel() or 1, TRIG_ELEMENTS)])
-    return cos.reshape(angles.shape), sin.reshape(angles.shape)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -456,17 +427,7 @@ class LeanLlama:
         )
 
     def _rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # as transformers' default rotary embedding: fp32 angles, cos/sin cast to the model's dtype; sin's first half
-        # negated for `_rotate`
-        d = self.head_dim
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=self.device).float() / d))
-        pos = torch.arange(positions, device=self.device).float()
-        freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
-        sign = torch.ones(d, device=self.device)
-        sign[: d // 2] = -1
-        cos, sin = cos_sin(emb)
-        return cos.to(self.dtype), (sin * sign).to(self.dtype)
+        return rotary.table(self.theta, self.head_dim, positions, self.dtype, self.device)  # [P, D] each
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)

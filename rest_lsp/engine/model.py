@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from rest_lsp import cache_dir
-from rest_lsp.engine import gguf_blocks, gguf_check, gguf_header, mode_choice, saved_tokenizer
+from rest_lsp.engine import gguf_blocks, gguf_check, gguf_header, mode_choice, rotary, saved_tokenizer
 from rest_lsp.errors import ModelLoadError
 from rest_lsp.engine.model_source import DEFAULT_GGUF_NAME, DEFAULT_MODEL, cache_root
 from rest_lsp.engine.model_source import gguf_cache_dir as _gguf_cache_dir
@@ -327,9 +327,7 @@ def _gguf_tokenizer(folder: str, gguf_file: str, keep: bool = False):
 
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    from rest_lsp.engine.lean_llama import first_trig_calls
-
-    first_trig_calls()  # before anything computes a cos on several threads: transformers' rotary tables too
+    rotary.first_trig_calls()  # before anything computes a cos on several threads: transformers' rotary tables too
     folder, gguf_file = _resolve(spec)
     # a .gguf's header is checked before anything is built from what it claims
     header = check_gguf(Path(folder) / gguf_file) if gguf_file else None

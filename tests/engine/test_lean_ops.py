@@ -29,7 +29,7 @@ def test_the_rotation_table_is_computed_on_one_thread_and_is_transformers_at_eve
     half in 5 of 300 fresh processes (docs/LOG.md, 2026-12-06, night), and the table lives as long as the
     process: each cos and sin call that builds it takes fewer elements than torch splits between threads, and its
     rows are transformers' own at positions far into a long context."""
-    from rest_lsp.engine import lean_llama
+    from rest_lsp.engine import rotary
 
     loaded = tiny_model("qwen2")
     lean = LeanLlama(loaded.model, 512)
@@ -45,8 +45,8 @@ def test_the_rotation_table_is_computed_on_one_thread_and_is_transformers_at_eve
     monkeypatch.setattr(torch.Tensor, "sin", recorded(torch.Tensor.sin))
     cos, sin = lean._rope_table(4096)
     monkeypatch.undo()
-    assert len(sizes) > 2 * 4096 * lean.head_dim // lean_llama.TRIG_ELEMENTS
-    assert max(sizes) <= lean_llama.TRIG_ELEMENTS < 2048  # 2048: where torch splits cos and sin between threads
+    assert len(sizes) > 2 * 4096 * lean.head_dim // rotary.TRIG_ELEMENTS
+    assert max(sizes) <= rotary.TRIG_ELEMENTS < 2048  # 2048: where torch splits cos and sin between threads
     positions = torch.tensor([0, 1, 511, 512, 1023, 1024, 2047, 3000, 4095])
     x = torch.randn(1, 1, len(positions), lean.head_dim)
     want_cos, want_sin = loaded.model.model.rotary_emb(x, positions[None])  # [1, n, D]: a few elements a call
