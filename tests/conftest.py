@@ -126,6 +126,15 @@ def _torch_threads_kept():
                     f"thread (the suite runs on {SUITE_THREADS}); set it back where it was changed")
 
 
+@pytest.fixture
+def two_threads():
+    """torch on 2 threads for the test (the suite runs on SUITE_THREADS); the count it had comes back after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _forced_dtype(request, monkeypatch):
     if FORCED_DTYPE and request.node.get_closest_marker("default_dtype"):

@@ -14,17 +14,6 @@ from rest_lsp.engine import step_threads
 from rest_lsp.engine.step_threads import PROBE_MAX, PROBE_STEPS, StepThreads, counts
 
 
-@pytest.fixture
-def two_threads():
-    """torch on 2 threads for the test; the count it had comes back after it."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def run(threads: StepThreads, step_ms, steps: int, seed: int = 0, cores=lambda n, step: n) -> list[int]:
     """The count each of `steps` plain steps ran on, each timed step_ms(count, step) with 5% noise, in which the
     process got cores(count, step) cores."""

@@ -143,15 +143,6 @@ def test_a_library_that_computes_wrong_results_is_not_used(monkeypatch, fresh_li
     assert "its results differ from F.linear's" in caplog.text
 
 
-@pytest.fixture
-def two_threads():
-    """torch's threads at 2 (the suite runs on 1, conftest.py): the kernel splits its panels between them."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 @needs_kernel
 @pytest.mark.parametrize("m", [1, 2, 3, 6, 8, 14])
 @pytest.mark.parametrize("n", [200, 33])
