@@ -22,6 +22,7 @@ import time
 import torch
 
 from turns import medians  # benchmarks/ is on the path when this file runs
+from rest_lsp.engine import huge_pages
 from rest_lsp.kernels import levels, quant_matmul
 
 # Qwen2.5-Coder-0.5B: hidden 896, 14 query heads and 2 key/value heads of 64, intermediate 4864, vocabulary 151936;
@@ -34,9 +35,10 @@ ROWS = (1, 2, 4, 8, 16)
 
 def random_panels(n: int, k: int, bits: int, gen: torch.Generator) -> torch.Tensor:
     """Panels of random blocks of format `bits` (a code of quant_matmul.FORMATS) for an [n, k] weight (any byte is
-    a valid quant or 6-bit scale), every fp16 scale and min 1/64."""
+    a valid quant or 6-bit scale), every fp16 scale and min 1/64; in the engine's memory (huge_pages)."""
     count, nb = -(-n // quant_matmul.PANEL), -(-k // quant_matmul.BLOCK)
-    panels = torch.randint(0, 256, (count, quant_matmul.panel_bytes(k, bits)), generator=gen, dtype=torch.uint8)
+    panels = huge_pages.empty((count, quant_matmul.panel_bytes(k, bits)))  # in 2 MB pages, as the engine's
+    panels.copy_(torch.randint(0, 256, panels.shape, generator=gen, dtype=torch.uint8))
     body = nb * quant_matmul.BLOCK_BYTES[bits]
     halves = nb if bits in quant_matmul.BITS else 2 * nb if bits == 41 else nb // 8 * (1 if bits == 62 else 2)
     scales = panels[:, body : body + halves * quant_matmul.PANEL * 2]

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rest_lsp.engine import gguf_blocks, panel_cache
+from rest_lsp.engine import gguf_blocks, huge_pages, panel_cache
 from rest_lsp.engine.gguf_header import Header, Tensor
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ class _Builder:
             else:
                 runs.append([bits, [panels], start, rows])
             start += rows
-        return GgufMatmul([QuantMatmul(torch.cat(p) if len(p) > 1 else p[0], rows,
+        return GgufMatmul([QuantMatmul(huge_pages.cat(p), rows,
                                        None if bias is None else bias[first : first + rows].contiguous(), bits)
                            for bits, p, first, rows in runs])
 
@@ -223,7 +223,7 @@ class _Builder:
         heads = self._heads(name)
         own = gguf_blocks.BITS.get(tensor.tensor_type.name)
         for bits, mine in ([(own, True)] if own else []) + [(8, False)]:
-            out = torch.empty((-(-n // quant_matmul.PANEL), quant_matmul.panel_bytes(k, bits)), dtype=torch.uint8)
+            out = huge_pages.empty((-(-n // quant_matmul.PANEL), quant_matmul.panel_bytes(k, bits)))
             try:
                 # llama's q and k rows move within each head: those (small) tensors are packed whole
                 step = n if heads else max(quant_matmul.PANEL, CHUNK_BYTES // (4 * k) // quant_matmul.PANEL

@@ -1,6 +1,7 @@
 """The matmul kinds of a lean step (`Matmul.of` picks one per weight) and which of them this machine runs.
 
-Knows torch and our kernels (rest_lsp.kernels); nothing of models: a weight, its bias, maybe a .gguf's blocks.
+Knows torch and our kernels (rest_lsp.kernels), and the memory weights live in (huge_pages); nothing of models: a
+weight, its bias, maybe a .gguf's blocks.
 """
 
 # no `from __future__ import annotations`: TorchScript reads the modules' attribute annotations as types
@@ -8,6 +9,9 @@ from typing import List, Optional, Union
 
 import torch
 import torch.nn.functional as F
+
+from rest_lsp.engine import huge_pages
+
 
 def onednn_packs(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether Matmul can run on oneDNN's packed weights here (CPU, fp32, a torch built with oneDNN)."""
@@ -68,14 +72,14 @@ class Matmul(torch.nn.Module):
         if pack == "panel":
             from rest_lsp.kernels import panel_matmul
 
-            return PanelMatmul(panel_matmul.pack(weight), weight.shape[0],
+            return PanelMatmul(huge_pages.adopt(panel_matmul.pack(weight)), weight.shape[0],
                                None if bias is None else bias.detach().float().contiguous())
         if pack == "onednn":
             return OneDNNMatmul(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS), bias)
         if pack == "q8":
             from rest_lsp.kernels import quant_matmul
 
-            return QuantMatmul(quant_matmul.pack(weight), weight.shape[0],
+            return QuantMatmul(huge_pages.adopt(quant_matmul.pack(weight)), weight.shape[0],
                                None if bias is None else bias.detach().float().contiguous())
         if pack == "gguf":
             return GgufMatmul.of_blocks(weight, bias, blocks or [(weight.shape[0], None)])
@@ -168,7 +172,7 @@ class GgufMatmul(Matmul):
         parts = []
         for bits, ranges, first, rows in runs:
             fields = {name: torch.cat([r[name] for r in ranges]) for name in ranges[0]}
-            parts.append(QuantMatmul(quant_matmul.pack_blocks(**fields, bits=bits), rows,
+            parts.append(QuantMatmul(huge_pages.adopt(quant_matmul.pack_blocks(**fields, bits=bits)), rows,
                                      None if bias is None else bias[first : first + rows].float().contiguous(), bits))
         return GgufMatmul(parts)
 

@@ -1,5 +1,5 @@
 """The packed panels of a .gguf loaded from its blocks, kept for the next load (engine/panel_cache.py): a warm load
-maps them and decodes, checks and packs nothing, with the cold load's panels and logits bit for bit; a kept file that
+reads them and decodes, checks and packs nothing, with the cold load's panels and logits bit for bit; a kept file that
 is truncated, tampered with, another model's or not this user's alone is not used (one warning) and written again;
 a cache folder others may write keeps none."""
 
@@ -14,7 +14,7 @@ from gguf_writer import write_gguf as write_random_gguf
 from test_gguf_direct import assert_same_as_todays
 from test_gguf_mode import needs_kernel, write_gguf
 
-from rest_lsp.engine import gguf_blocks, gguf_direct, panel_cache, runmode
+from rest_lsp.engine import gguf_blocks, gguf_direct, huge_pages, panel_cache, runmode
 from rest_lsp.engine.decoding import Decoder
 from rest_lsp.engine.model import load_model
 from rest_lsp.kernels import quant_matmul
@@ -43,8 +43,11 @@ def no_packing(monkeypatch):
 
 
 @pytest.mark.parametrize("which", ["qwen2-tied", "odd-widths"])
-def test_a_warm_load_maps_the_cold_loads_panels_and_packs_nothing(tmp_path, cache, monkeypatch, which):
-    """q/k/v biases and a tied head; and a fused q/k/v packed in one piece (its q rows end inside a panel)."""
+def test_a_warm_load_reads_the_cold_loads_panels_and_packs_nothing(tmp_path, cache, monkeypatch, which):
+    """q/k/v biases and a tied head; and a fused q/k/v packed in one piece (its q rows end inside a panel). The
+    panels go into memory advised as huge pages (huge_pages; its page size shrunk here to a small page, so that a
+    tiny model's panels take some): the cold load's each of at least a page, the warm load's data read into one."""
+    monkeypatch.setattr(huge_pages, "HUGE", 4096)
     if which == "qwen2-tied":
         path = write_gguf(tmp_path / "tiny-qwen2.gguf", "qwen2", True)
     else:
@@ -58,10 +61,14 @@ def test_a_warm_load_maps_the_cold_loads_panels_and_packs_nothing(tmp_path, cach
         warm = Decoder(loaded)
     assert isinstance(loaded.model, gguf_direct.GgufModel)
     assert kept_files(cache) == [kept] and kept.stat().st_mtime_ns == written  # read, not written again
-    # the panels are the kept file's pages, not a copy
+    # the panels are read into advised memory, not left in the page cache's pages of a mapping of the file
+    advice = huge_pages.ADVICE is not None and Path("/proc/self/smaps").exists()
     for matmul in (warm.lean.head, warm.lean.layers[0].qkv, warm.lean.layers[-1].down):
-        assert all(mapped_from(kept, part.panels) for part in matmul.parts)
-    assert not mapped_from(kept, cold.lean.layers[0].down.parts[0].panels)
+        assert all(not mapped_from(kept, part.panels) for part in matmul.parts)
+        assert all(huge_pages.advised(part.panels) == advice for part in matmul.parts)
+    for matmul in (cold.lean.head, cold.lean.layers[0].gate_up, cold.lean.layers[-1].down):  # packed one by one
+        assert all(huge_pages.advised(part.panels) == (advice and part.panels.numel() >= huge_pages.HUGE)
+                   for part in matmul.parts)
     assert_same_as_todays(warm, cold, [3, 14, 15, 2, 9, 7, 1, 5])
 
 
