@@ -35,7 +35,10 @@ def empty(shape: Sequence[int], dtype: torch.dtype = torch.uint8) -> torch.Tenso
         return torch.empty(tuple(shape), dtype=dtype)
     # anonymous and private (a shared mapping would be shmem, whose huge pages another setting governs): zero pages,
     # each faulted in when first written
-    area = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE)
+    try:
+        area = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE)
+    except OSError:  # no address space or memory for a mapping: torch's, which says so in its own words if it fails
+        return torch.empty(tuple(shape), dtype=dtype)
     skip = -_address(area) % HUGE  # the first 2 MB boundary in it
     try:
         area.madvise(ADVICE, skip, nbytes // HUGE * HUGE)

@@ -79,3 +79,14 @@ def test_adopt_moves_a_large_tensor_and_leaves_a_small_one():
     assert torch.equal(moved, big) and huge_pages.adopt(small) is small
     assert (moved.data_ptr() != big.data_ptr()) == (huge_pages.ADVICE is not None)
     assert huge_pages.advised(moved) == (huge_pages.ADVICE is not None and Path("/proc/self/smaps").exists())
+
+
+def test_a_mapping_refused_falls_back_to_torchs_memory(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(huge_pages.mmap, "mmap", refuse)
+    t = huge_pages.empty((4 * huge_pages.HUGE,))
+    assert t.shape == (4 * huge_pages.HUGE,) and not huge_pages.advised(t)
+    t.fill_(1)
+    assert int(t.sum()) == 4 * huge_pages.HUGE
