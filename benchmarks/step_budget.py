@@ -111,7 +111,8 @@ def main() -> None:
             print("|---|---|---|---|---|---|---|")
             for r, c in row["cells"].items():
                 hidden = "-" if c["hidden"] is None else f"{c['hidden']:.2f}"
-                bar = "-" if c["bar"] is None else f"{c['bar']}x: {c['bar_room_ms']:.1f} (has {c['extra_compute_ms']:.1f})"
+                bar = ("-" if c["bar"] is None
+                       else f"{c['bar']}x: {c['bar_room_ms']:.1f} (has {c['extra_compute_ms']:.1f})")
                 print(f"| {r} | {c['measured_ms']:.1f} ({c['ratio']:.2f}x) | {c['compute_ms']:.1f} | "
                       f"{c['additive_ms']:.1f} | {c['overlapped_ms']:.1f} | {hidden} | {bar} |")
     write_json(RESULTS / "step_budget.json", {"threads": args.threads, "rows": rows, "results": results})

@@ -76,15 +76,14 @@ def _parse(f, key: str, shapes: dict[str, tuple[int, int]]):
     matmuls = head["matmuls"]
     if set(matmuls) != set(shapes):
         raise Damaged("other matmuls than the .gguf's")
-    data = huge_pages.empty((head["data_bytes"],))  # read once into 2 MB pages, which a step streams faster
+    data = huge_pages.empty((head["data_bytes"],)).numpy()  # read once into 2 MB pages, which a step streams faster
     f.seek(data_at)
-    view, done = memoryview(data.numpy()), 0
+    view, done = memoryview(data), 0
     while done < len(view):
         got = f.readinto(view[done:])
         if not got:
             raise Damaged("shorter than its header says")
         done += got
-    data = data.numpy()
     if zlib.crc32(data) != head["crc32"]:
         raise Damaged("its data's CRC-32 differs")
     found = {name: [_part(data, part, width, quant_matmul) for part in matmuls[name]]

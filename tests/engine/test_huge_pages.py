@@ -17,15 +17,7 @@ needs_advice = pytest.mark.skipif(huge_pages.ADVICE is None or not Path("/proc/s
 
 def mapping_kb(t: torch.Tensor, field: str) -> int:
     """`field` (kB) of the /proc/self/smaps entry of the mapping that holds t's first byte."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(" ", 1)[0]
-        if "-" in head and all(c in "0123456789abcdef-" for c in head):
-            lo, hi = (int(v, 16) for v in head.split("-"))
-            inside = lo <= t.data_ptr() < hi
-        elif inside and line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no mapping holds {t.data_ptr():#x}")
+    return int(huge_pages.mapping(t)[field].split()[0])
 
 
 @needs_advice
