@@ -257,6 +257,14 @@ def _local(folder: str, gguf_file: str | None) -> tuple[str, str | None]:
     return snapshot, None
 
 
+def _clause(err: BaseException) -> str:
+    """Another library's error as a clause of our one sentence: its first line, its own sentence breaks made
+    semicolons, at most 200 characters (its type's name where it says nothing)."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    return first.replace(". ", "; ")[:200]
+
+
 def _load(spec: str | None, dtype: torch.dtype):
     folder, gguf_file = _local(*_resolve(spec))
     shown = spec or DEFAULT_MODEL
@@ -269,9 +277,8 @@ def _load(spec: str | None, dtype: torch.dtype):
         raise
     except Exception as err:  # corrupt weights raise the safetensors library's own error type, among others
         where = ".gguf file" if gguf_file else "local folder" if Path(folder).is_dir() else "cached hub model"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(
-            f"Could not load model '{shown}' as a {where} ({first[:200]}); "
+            f"Could not load model '{shown}' as a {where} ({_clause(err)}); "
             "point --model at a local folder with config.json and weights, or at a .gguf file."
         ) from err
 
@@ -403,9 +410,8 @@ def _load_direct(spec: str | None, folder: str, gguf_file: str, header: gguf_hea
     except ModelLoadError:
         raise
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelLoadError(f"Could not load model '{spec or DEFAULT_MODEL}' from the blocks of its .gguf file ({first[:200]}); "
-                             "--dtype float32 loads it through transformers instead.") from err
+        raise ModelLoadError(f"Could not load model '{spec or DEFAULT_MODEL}' from the blocks of its .gguf file "
+                             f"({_clause(err)}); --dtype float32 loads it through transformers instead.") from err
     return LoadedModel(model=model, tokenizer=tokenizer, device=mode.device, dtype=mode.dtype,
                        name=spec or DEFAULT_MODEL, notes=list(mode.notes), packing=mode.packing)
 

@@ -334,3 +334,15 @@ def test_the_hostile_files_were_generated_and_measured():
     print(f"\nhostile .gguf files: {SEEN['files']} generated, {SEEN['refused']} refused with exit 2, "
           f"largest peak RSS {SEEN['peak_rss_mb']:.0f} MB")
     assert SEEN["peak_rss_mb"] < PEAK_RSS_MB
+
+
+def test_another_librarys_two_sentences_become_one_clause_of_ours():
+    """transformers' refusal of an architecture is two sentences ('... not supported yet. Supported: [...].'); in our
+    one sentence it is one clause, as the hostile files found."""
+    from rest_lsp.engine.model import _clause
+
+    err = ValueError("GGUF model with architecture qwen9 is not supported yet. Supported: ['llama', 't5'].\nmore")
+    said = _clause(err)
+    assert said == "GGUF model with architecture qwen9 is not supported yet; Supported: ['llama', 't5']."
+    assert f"rest-lsp: Could not load model 'm' as a .gguf file ({said}); point --model at it.".count(". ") == 0
+    assert _clause(KeyError()) == "KeyError" and len(_clause(ValueError("x" * 500))) == 200
