@@ -74,11 +74,16 @@ def test_adopt_moves_a_large_tensor_and_leaves_a_small_one():
 
 
 def test_a_mapping_refused_falls_back_to_torchs_memory(monkeypatch):
+    asked = []
+
     def refuse(*args, **kwargs):
+        asked.append(args)
         raise OSError(12, "Cannot allocate memory")
 
     monkeypatch.setattr(huge_pages.mmap, "mmap", refuse)
     t = huge_pages.empty((4 * huge_pages.HUGE,))
-    assert t.shape == (4 * huge_pages.HUGE,) and not huge_pages.advised(t)
+    # whether torch's own memory lies in advised pages is glibc's and torch's business (their allocators may ask
+    # for huge pages themselves, and did once in the suite): what matters is that the refusal was met, not raised
+    assert t.shape == (4 * huge_pages.HUGE,) and len(asked) == (huge_pages.ADVICE is not None)
     t.fill_(1)
     assert int(t.sum()) == 4 * huge_pages.HUGE
