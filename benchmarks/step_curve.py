@@ -33,11 +33,14 @@ LAYERS = 24
 ROWS = (1, 2, 4, 8, 16)
 
 
-def random_panels(n: int, k: int, bits: int, gen: torch.Generator) -> torch.Tensor:
+def random_panels(n: int, k: int, bits: int, gen: torch.Generator, arena: huge_pages.Arena | None = None
+                  ) -> torch.Tensor:
     """Panels of random blocks of format `bits` (a code of quant_matmul.FORMATS) for an [n, k] weight (any byte is
-    a valid quant or 6-bit scale), every fp16 scale and min 1/64; in the engine's memory (huge_pages)."""
+    a valid quant or 6-bit scale), every fp16 scale and min 1/64; in the engine's memory (huge_pages: `arena`'s
+    next place where given)."""
     count, nb = -(-n // quant_matmul.PANEL), -(-k // quant_matmul.BLOCK)
-    panels = huge_pages.empty((count, quant_matmul.panel_bytes(k, bits)))  # in 2 MB pages, as the engine's
+    shape = (count, quant_matmul.panel_bytes(k, bits))
+    panels = arena.take(shape) if arena is not None else huge_pages.empty(shape)  # in 2 MB pages, as the engine's
     panels.copy_(torch.randint(0, 256, panels.shape, generator=gen, dtype=torch.uint8))
     body = nb * quant_matmul.BLOCK_BYTES[bits]
     halves = nb if bits in quant_matmul.BITS else 2 * nb if bits == 41 else nb // 8 * (1 if bits == 62 else 2)
@@ -57,7 +60,10 @@ class Pass:
         if bits in quant_matmul.SUPER:  # whole superblocks
             shapes = [(n, -(-k // quant_matmul.SUPERBLOCK) * quant_matmul.SUPERBLOCK) for n, k in shapes]
         self.bits = bits
-        self.weights = [(n, k, random_panels(n, k, bits, gen)) for n, k in shapes]
+        # side by side in a step's order, as the engine's panels lie (a warm load's, and a cold one's: gguf_direct)
+        arena = huge_pages.Arena(sum(-(-n // quant_matmul.PANEL) * quant_matmul.panel_bytes(k, bits)
+                                     for n, k in shapes))
+        self.weights = [(n, k, random_panels(n, k, bits, gen, arena)) for n, k in shapes]
         self.bytes = sum(p.numel() for _, _, p in self.weights)
         widest = max(n for n, _, _ in self.weights)
         self.x = torch.randn(max(ROWS) * 2, max(k for _, k, _ in self.weights), generator=gen)

@@ -182,6 +182,30 @@ class _Builder:
         # transformers un-permutes llama's q and k rows only when the file states both head counts
         self.permuted = arch == "llama" and kv is not None
         self.kept: dict[str, int] = {}  # tensor name -> the bits of its panels, for the ones on their own blocks
+        self.arena: huge_pages.Arena | None = None  # where `panels` packs, in the order it is asked (`arena_for`)
+
+    def arena_for(self, specs: dict[str, tuple[list[str], list[str] | None]]) -> None:
+        """Packs from now on into one Arena sized for `specs`' tensors on their own blocks (or Q8_0 where not
+        kept), so that the panels lie in the order the matmuls are built: a step's order, as a warm load reads
+        them (a tensor that falls back to Q8_0 and no longer fits gets memory of its own)."""
+        from rest_lsp.kernels import quant_matmul
+
+        total = 0
+        for names, _ in specs.values():
+            for name in names:
+                n, k = self.t[name].shape[1], self.t[name].shape[0]
+                bits = gguf_blocks.BITS.get(self.t[name].tensor_type.name) or 8
+                total += -(-n // quant_matmul.PANEL) * quant_matmul.panel_bytes(k, bits)
+        self.arena = huge_pages.Arena(total)
+
+    def _empty(self, shape: tuple[int, int]) -> torch.Tensor:
+        return self.arena.take(shape) if self.arena is not None else huge_pages.empty(shape)
+
+    def _give_back(self, panels: list[torch.Tensor]) -> None:
+        """Returns panels packed but not used to the arena, the last taken first."""
+        if self.arena is not None:
+            for p in reversed(panels):
+                self.arena.give_back(p)
 
     def matmul(self, names: list[str], biases: list[str] | None = None, stored: list | None = None):
         """One GgufMatmul over the tensors `names` (their rows one after the other: a fused q/k/v or gate/up),
@@ -201,6 +225,7 @@ class _Builder:
             rows = self.t[name].shape[1]
             if runs and runs[-1][0] == bits:
                 if runs[-1][3] % PANEL:  # the run's last panel is partly empty: its blocks are packed together
+                    self._give_back([p for run in runs for p in run[1]] + [panels])
                     shape_only = torch.empty((sum(self.t[n].shape[1] for n in names), 0), device="meta")
                     return GgufMatmul.of_blocks(shape_only, bias, [(self.t[n].shape[1], self.blocks(n))
                                                                    for n in names])
@@ -223,7 +248,7 @@ class _Builder:
         heads = self._heads(name)
         own = gguf_blocks.BITS.get(tensor.tensor_type.name)
         for bits, mine in ([(own, True)] if own else []) + [(8, False)]:
-            out = huge_pages.empty((-(-n // quant_matmul.PANEL), quant_matmul.panel_bytes(k, bits)))
+            out = self._empty((-(-n // quant_matmul.PANEL), quant_matmul.panel_bytes(k, bits)))
             try:
                 # llama's q and k rows move within each head: those (small) tensors are packed whole
                 step = n if heads else max(quant_matmul.PANEL, CHUNK_BYTES // (4 * k) // quant_matmul.PANEL
@@ -236,6 +261,7 @@ class _Builder:
                         quant_matmul.pack_blocks(**blocks.fields(), bits=bits))
                     del blocks
             except _Mismatch:
+                self._give_back([out])
                 log.warning("The %s blocks of %s do not dequantize as gguf does; they run requantized to Q8_0.",
                             tensor.tensor_type.name, name)
                 continue
@@ -325,6 +351,8 @@ def load(header: Header, config, kept_file: tuple[Path, str] | None = None):
         found = panel_cache.read(kept_file[0], kept_file[1], shapes)
         if found is not None:
             stored, kept = found
+    if stored is None:
+        b.arena_for(specs)
     built = {name: b.matmul(names, biases, None if stored is None else stored[name])
              for name, (names, biases) in specs.items()}  # the head first, the largest, while nothing else is built
     if stored is None:

@@ -9,6 +9,11 @@ advised (MADV_HUGEPAGE): `empty` maps such a range, 2 MB-aligned, and advises th
 past the last one stays in small pages, so no page is more than half empty). Where the OS has no such advice (not
 Linux, an old Python) or the range is under 2 MB, the memory is torch's.
 
+A step also streams faster when its weights lie side by side in the order it reads them (each matmul's panels
+after the last one's: the prefetchers run on from one call into the next), and when a small tensor's pages are
+huge ones too: an `Arena` is one `empty` range whose tensors are taken front to back, as a warm load's kept panels
+are read (engine/panel_cache.py).
+
 Rule: the bytes and what reads them are the same either way; only the pages under them differ.
 """
 
@@ -53,10 +58,53 @@ def empty(shape: Sequence[int], dtype: torch.dtype = torch.uint8) -> torch.Tenso
     return torch.frombuffer(area, dtype=dtype, count=count, offset=skip).view(tuple(shape))
 
 
+class Arena:
+    """`nbytes` of `empty` memory handed out front to back: tensors taken one after another lie side by side (each
+    at a multiple of ALIGN bytes). A tensor that no longer fits is `empty` memory of its own. The range is mapped
+    at once and each page filled when first written, so what is never taken costs address space only; every
+    tensor taken keeps the whole range alive."""
+
+    ALIGN = 64  # a cache line
+
+    def __init__(self, nbytes: int):
+        self.memory = empty((max(int(nbytes), 0),))
+        self.used = 0
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        """An uninitialised tensor at the arena's next free place (`empty` memory of its own when it does not fit)."""
+        nbytes = math.prod(int(size) for size in shape) * dtype.itemsize
+        at = -(-self.used // self.ALIGN) * self.ALIGN
+        if at + nbytes > self.memory.numel():
+            return empty(shape, dtype)
+        self.used = at + nbytes
+        return self.memory[at : at + nbytes].view(dtype).view(tuple(shape))
+
+    def give_back(self, t: torch.Tensor) -> None:
+        """Frees t's place for the next `take` where t is the last tensor taken (else nothing: a tensor in the
+        middle, or not the arena's, keeps its place)."""
+        start = t.data_ptr() - self.memory.data_ptr()
+        if 0 <= start < self.used and start + t.numel() * t.element_size() == self.used:
+            self.used = start
+
+
+def _side_by_side(parts: Sequence[torch.Tensor]) -> bool:
+    """Whether the contiguous `parts` lie one right after the other in one storage (an Arena's, taken in turn)."""
+    storage = parts[0].untyped_storage().data_ptr()
+    return all(p.is_contiguous() and p.dtype == parts[0].dtype and p.shape[1:] == parts[0].shape[1:]
+               and p.untyped_storage().data_ptr() == storage for p in parts) and all(
+        a.data_ptr() + a.numel() * a.element_size() == b.data_ptr() for a, b in zip(parts, parts[1:]))
+
+
 def cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """torch.cat(parts) along dim 0, into `empty` memory."""
+    """torch.cat(parts) along dim 0: a view of the parts' own memory where they lie side by side in it, else copied
+    into `empty` memory."""
     if len(parts) == 1:
         return parts[0]
+    if _side_by_side(parts):
+        first = parts[0]
+        rows = sum(p.shape[0] for p in parts)
+        return torch.empty(0, dtype=first.dtype).set_(first.untyped_storage(), first.storage_offset(),
+                                                      (rows, *first.shape[1:]), first.stride())
     rows = sum(p.shape[0] for p in parts)
     out = empty((rows, *parts[0].shape[1:]), parts[0].dtype)
     at = 0

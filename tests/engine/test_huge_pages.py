@@ -87,3 +87,41 @@ def test_a_mapping_refused_falls_back_to_torchs_memory(monkeypatch):
     assert t.shape == (4 * huge_pages.HUGE,) and len(asked) == (huge_pages.ADVICE is not None)
     t.fill_(1)
     assert int(t.sum()) == 4 * huge_pages.HUGE
+
+
+@needs_advice
+def test_an_arena_lays_its_tensors_side_by_side_in_advised_memory():
+    arena = huge_pages.Arena(4 * huge_pages.HUGE)
+    a, b = arena.take((3, 1000)), arena.take((10, 64), torch.float32)  # small ones, each in huge pages all the same
+    assert b.data_ptr() == a.data_ptr() + 3008  # the next cache line
+    assert huge_pages.advised(a) and huge_pages.advised(b) and b.shape == (10, 64) and b.dtype == torch.float32
+    a.fill_(1)
+    b.fill_(2.0)
+    assert int(a.sum()) == 3000 and float(b.sum()) == 1280.0
+    over = arena.take((4 * huge_pages.HUGE,))  # past its end: memory of its own
+    assert over.untyped_storage().data_ptr() != arena.memory.untyped_storage().data_ptr()
+
+
+def test_an_arena_gives_back_only_its_last_tensor():
+    arena = huge_pages.Arena(1 << 16)
+    a, b = arena.take((100,)), arena.take((100,))
+    arena.give_back(a)  # not the last: keeps its place
+    assert arena.take((1,)).data_ptr() == b.data_ptr() + 128
+    c = arena.take((640,))
+    arena.give_back(c)
+    assert arena.take((64,)).data_ptr() == c.data_ptr()
+    arena.give_back(torch.empty(10, dtype=torch.uint8))  # not the arena's: nothing
+    assert arena.take((1,)).data_ptr() == c.data_ptr() + 64
+
+
+def test_cat_of_tensors_side_by_side_is_a_view_and_of_others_a_copy():
+    arena = huge_pages.Arena(1 << 20)
+    gen = torch.Generator().manual_seed(1)
+    parts = [arena.take((rows, 256)) for rows in (5, 1, 9)]
+    for p in parts:
+        p.copy_(torch.randint(0, 256, p.shape, generator=gen, dtype=torch.uint8))
+    got = huge_pages.cat(parts)
+    assert torch.equal(got, torch.cat(parts)) and got.data_ptr() == parts[0].data_ptr()
+    apart = [parts[0], parts[2]]  # the same storage, not side by side
+    got = huge_pages.cat(apart)
+    assert torch.equal(got, torch.cat(apart)) and got.data_ptr() != parts[0].data_ptr()

@@ -46,7 +46,8 @@ def no_packing(monkeypatch):
 def test_a_warm_load_reads_the_cold_loads_panels_and_packs_nothing(tmp_path, cache, monkeypatch, which):
     """q/k/v biases and a tied head; and a fused q/k/v packed in one piece (its q rows end inside a panel). The
     panels go into memory advised as huge pages (huge_pages; its page size shrunk here to a small page, so that a
-    tiny model's panels take some): the cold load's each of at least a page, the warm load's data read into one."""
+    tiny model's panels take some): the cold load's packed into one arena in build order, the warm load's data
+    read into one."""
     monkeypatch.setattr(huge_pages, "HUGE", 4096)
     if which == "qwen2-tied":
         path = write_gguf(tmp_path / "tiny-qwen2.gguf", "qwen2", True)
@@ -66,9 +67,17 @@ def test_a_warm_load_reads_the_cold_loads_panels_and_packs_nothing(tmp_path, cac
     for matmul in (warm.lean.head, warm.lean.layers[0].qkv, warm.lean.layers[-1].down):
         assert all(not mapped_from(kept, part.panels) for part in matmul.parts)
         assert all(huge_pages.advised(part.panels) == advice for part in matmul.parts)
-    for matmul in (cold.lean.head, cold.lean.layers[0].gate_up, cold.lean.layers[-1].down):  # packed one by one
-        assert all(huge_pages.advised(part.panels) == (advice and part.panels.numel() >= huge_pages.HUGE)
-                   for part in matmul.parts)
+    # the cold load packs into one arena in the order it builds (the head, then each layer's matmuls in a step's
+    # order), as the warm load reads them: side by side, each at least a page of advised memory
+    order = [cold.lean.head] + [getattr(layer, name) for layer in cold.lean.layers
+                                for name in ("qkv", "o", "gate_up", "down")]
+    arena = cold.lean.head.parts[0].panels.untyped_storage().data_ptr()
+    packed = [part.panels for matmul in order for part in matmul.parts
+              if part.panels.untyped_storage().data_ptr() == arena]
+    assert {id(p) for p in packed} >= {id(part.panels) for matmul in (cold.lean.layers[0].o, cold.lean.layers[-1].down)
+                                        for part in matmul.parts}
+    assert all(a.data_ptr() + a.numel() <= b.data_ptr() for a, b in zip(packed, packed[1:]))
+    assert all(huge_pages.advised(p) == advice for p in packed)
     assert_same_as_todays(warm, cold, [3, 14, 15, 2, 9, 7, 1, 5])
 
 
