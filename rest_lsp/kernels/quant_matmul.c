@@ -64,10 +64,16 @@ static long long tail_bytes(long long nb, int f) {
     if ((pf) && !LEGACY(F))                                                                                   \
         for (long long l = 0; l < tail_bytes(nb, F); l += 64) __builtin_prefetch((p) + (nb) * BYTES(F) + l, 0, PFL);
 
-/* the first tile of a panel fetches its blocks PFD bytes ahead of the one at wb, as it takes them */
-#define PREFETCH_BLOCK(wb, F, pf)                                                                             \
-    if (pf)                                                                                                   \
-        for (int l = 0; l < BYTES(F); l += 64) __builtin_prefetch((wb) + PFD + l, 0, PFL);
+/* the first tile of a panel fetches the weight stream PFD bytes ahead as it takes the panel's blocks: at block b of
+   nb, its b-th share of the panel's bytes (quants and tail), so that every line of the stream is fetched once
+   (a block's quants alone left a tail's lines of every panel, about a tenth of a 4- or 5-bit one, to wait on) */
+#define PREFETCH_BLOCK(p, nb, b, F, pf)                                                                       \
+    if (pf) {                                                                                                 \
+        idx stride_ = (nb) * BYTES(F) + (tail_bytes(nb, F) + 63) / 64 * 64;                                   \
+        idx from_ = (b) * stride_ / (nb) / 64 * 64;                                                           \
+        idx to_ = (b) + 1 == (nb) ? stride_ : ((b) + 1) * stride_ / (nb) / 64 * 64;                           \
+        for (idx l = from_; l < to_; l += 64) __builtin_prefetch((p) + PFD + l, 0, PFL);                     \
+    }
 
 /* 3: AVX-512 VNNI, 2: AVX-VNNI, 1: AVX2, 0: portable C */
 #ifndef QM_PATH
@@ -248,7 +254,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
-        PREFETCH_BLOCK(wb, F, pf)                                                                             \
+        PREFETCH_BLOCK(p, nb, b, F, pf)                                                                             \
         __m512i w[8];                                                                                         \
         unpack(wb, WIDTH(F), w);                                                                              \
         __m512 f0, f1 = _mm512_setzero_ps();                                                                  \
@@ -535,7 +541,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
-        PREFETCH_BLOCK(wb, F, pf)                                                                             \
+        PREFETCH_BLOCK(p, nb, b, F, pf)                                                                             \
         const uint8_t *u = ready(wb, F, R, ub);                                                               \
         __m256 f0[2], f1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                     \
         factors(p, nb, b, F, f0, f1);                                                                         \
