@@ -80,6 +80,15 @@ INLINE void fetch_ahead(const float *at, int blocks, idx d) {
     __builtin_prefetch((const char *)((uintptr_t)at + blocks * LN * d * sizeof(float)), 0, 3);
 }
 
+/* the lines of `floats` floats from p on, fetched into L1 (a prefetch never faults) */
+INLINE void fetch_row(const float *p, idx floats) {
+    for (idx e = 0; e < floats; e += 64 / (idx)sizeof(float)) __builtin_prefetch((const char *)(p + e), 0, 3);
+}
+
+#ifndef VBLOCK
+#define VBLOCK 16384  /* the value rows' bytes a j-block of `values` reads (kept in L1 for every query) */
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 /* AVX2: the same per-lane operations on pairs of 8-float registers (a 16-lane vector does not fit one, and GCC
    lowers the 16-lane shuffles and wide register blocks to scalar code and spills). Only the data movement and the
@@ -330,48 +339,55 @@ static void scores(const float *const *qs, float *const *dst, idx U, const float
    queries a zero weight row into a scratch accumulator. */
 static void values(const float *const *ps, v16 *const *acc, idx U, const float *const *vr, idx J, idx d,
                    const float *zeros) {
-    idx dc = (d + LN - 1) / LN;
+    idx dc = (d + LN - 1) / LN, JB = VBLOCK / (d * (idx)sizeof(float));
     v16 spare[DMAX / LN];
-    for (idx u = 0; u < U; u += 4) {
-        const float *pp[4];
-        v16 *aa[4];
-        for (int x = 0; x < 4; x++) {
-            pp[x] = u + x < U ? ps[u + x] : zeros;
-            aa[x] = u + x < U ? acc[u + x] : spare;
-        }
-        for (idx c = 0; c < dc; c += 4) {  /* four chunks (repeats of the last past d: computed, not kept) */
-            idx cc[4], nn[4];
-            for (int y = 0; y < 4; y++) {
-                cc[y] = c + y < dc ? c + y : dc - 1;
-                nn[y] = d - cc[y] * LN < LN ? d - cc[y] * LN : LN;
+    if (JB < 16) JB = 16;
+    /* the value rows in j-blocks that stay in L1 while every query reads them (each chain resumes where the last
+       block left it: the same order); the first query block fetches the next j-block's rows meanwhile */
+    for (idx j0 = 0; j0 < J; j0 += JB) {
+        idx j1 = J - j0 < JB ? J : j0 + JB;
+        for (idx u = 0; u < U; u += 4) {
+            const float *pp[4];
+            v16 *aa[4];
+            for (int x = 0; x < 4; x++) {
+                pp[x] = u + x < U ? ps[u + x] : zeros;
+                aa[x] = u + x < U ? acc[u + x] : spare;
             }
-            v16 a[16];
-            for (int x = 0; x < 4; x++)
-                for (int y = 0; y < 4; y++) a[4 * x + y] = aa[x][cc[y]];
-            if (nn[0] == LN && nn[1] == LN && nn[2] == LN && nn[3] == LN) {
-                for (idx j = 0; j < J; j++) {
-                    v16 v0 = ld(vr[j] + cc[0] * LN), v1 = ld(vr[j] + cc[1] * LN), v2 = ld(vr[j] + cc[2] * LN),
-                        v3 = ld(vr[j] + cc[3] * LN);
-                    for (int x = 0; x < 4; x++) {
-                        v16 w = splat(pp[x][j]);
-                        a[4 * x] = fma16(w, v0, a[4 * x]);
-                        a[4 * x + 1] = fma16(w, v1, a[4 * x + 1]);
-                        a[4 * x + 2] = fma16(w, v2, a[4 * x + 2]);
-                        a[4 * x + 3] = fma16(w, v3, a[4 * x + 3]);
+            for (idx c = 0; c < dc; c += 4) {  /* four chunks (repeats of the last past d: computed, not kept) */
+                idx cc[4], nn[4];
+                for (int y = 0; y < 4; y++) {
+                    cc[y] = c + y < dc ? c + y : dc - 1;
+                    nn[y] = d - cc[y] * LN < LN ? d - cc[y] * LN : LN;
+                }
+                v16 a[16];
+                for (int x = 0; x < 4; x++)
+                    for (int y = 0; y < 4; y++) a[4 * x + y] = aa[x][cc[y]];
+                if (nn[0] == LN && nn[1] == LN && nn[2] == LN && nn[3] == LN) {
+                    for (idx j = j0; j < j1; j++) {
+                        if (u == 0 && j + JB < J) fetch_row(vr[j + JB] + cc[0] * LN, 4 * LN);
+                        v16 v0 = ld(vr[j] + cc[0] * LN), v1 = ld(vr[j] + cc[1] * LN), v2 = ld(vr[j] + cc[2] * LN),
+                            v3 = ld(vr[j] + cc[3] * LN);
+                        for (int x = 0; x < 4; x++) {
+                            v16 w = splat(pp[x][j]);
+                            a[4 * x] = fma16(w, v0, a[4 * x]);
+                            a[4 * x + 1] = fma16(w, v1, a[4 * x + 1]);
+                            a[4 * x + 2] = fma16(w, v2, a[4 * x + 2]);
+                            a[4 * x + 3] = fma16(w, v3, a[4 * x + 3]);
+                        }
+                    }
+                } else {
+                    for (idx j = j0; j < j1; j++) {
+                        v16 vv[4];
+                        for (int y = 0; y < 4; y++) vv[y] = ldn(vr[j] + cc[y] * LN, nn[y]);
+                        for (int x = 0; x < 4; x++) {
+                            v16 w = splat(pp[x][j]);
+                            for (int y = 0; y < 4; y++) a[4 * x + y] = fma16(w, vv[y], a[4 * x + y]);
+                        }
                     }
                 }
-            } else {
-                for (idx j = 0; j < J; j++) {
-                    v16 vv[4];
-                    for (int y = 0; y < 4; y++) vv[y] = ldn(vr[j] + cc[y] * LN, nn[y]);
-                    for (int x = 0; x < 4; x++) {
-                        v16 w = splat(pp[x][j]);
-                        for (int y = 0; y < 4; y++) a[4 * x + y] = fma16(w, vv[y], a[4 * x + y]);
-                    }
-                }
+                for (int x = 0; x < 4; x++)
+                    for (int y = 3; y >= 0; y--) aa[x][cc[y]] = a[4 * x + y];
             }
-            for (int x = 0; x < 4; x++)
-                for (int y = 3; y >= 0; y--) aa[x][cc[y]] = a[4 * x + y];
         }
     }
 }
