@@ -187,7 +187,8 @@ class _Builder:
     def arena_for(self, specs: dict[str, tuple[list[str], list[str] | None]]) -> None:
         """Packs from now on into one Arena sized for `specs`' tensors on their own blocks (or Q8_0 where not
         kept), so that the panels lie in the order the matmuls are built: a step's order, as a warm load reads
-        them (a tensor that falls back to Q8_0 and no longer fits gets memory of its own)."""
+        them (where a tensor falls back to Q8_0 the arena runs short: the tensors that no longer fit get memory of
+        their own)."""
         from rest_lsp.kernels import quant_matmul
 
         total = 0

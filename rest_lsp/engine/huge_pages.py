@@ -102,9 +102,10 @@ def cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
         return parts[0]
     if _side_by_side(parts):
         first = parts[0]
-        rows = sum(p.shape[0] for p in parts)
-        return torch.empty(0, dtype=first.dtype).set_(first.untyped_storage(), first.storage_offset(),
-                                                      (rows, *first.shape[1:]), first.stride())
+        shape = (sum(p.shape[0] for p in parts), *first.shape[1:])
+        # the row-major strides of the whole: a contiguous part's own may differ where a dimension has size 1
+        return torch.empty(0, dtype=first.dtype).set_(first.untyped_storage(), first.storage_offset(), shape,
+                                                      torch.empty(shape, device="meta").stride())
     rows = sum(p.shape[0] for p in parts)
     out = empty((rows, *parts[0].shape[1:]), parts[0].dtype)
     at = 0

@@ -254,7 +254,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
-        PREFETCH_BLOCK(p, nb, b, F, pf)                                                                             \
+        PREFETCH_BLOCK(p, nb, b, F, pf)                                                                       \
         __m512i w[8];                                                                                         \
         unpack(wb, WIDTH(F), w);                                                                              \
         __m512 f0, f1 = _mm512_setzero_ps();                                                                  \
@@ -541,7 +541,7 @@ static void tile##R##_##F(const int8_t *xq, const float *xd, const int32_t *xs, 
     PREFETCH_TAIL(p, nb, F, pf)                                                                               \
     for (idx b = 0; b < nb; b++) {                                                                            \
         const uint8_t *wb = p + b * BYTES(F);                                                                 \
-        PREFETCH_BLOCK(p, nb, b, F, pf)                                                                             \
+        PREFETCH_BLOCK(p, nb, b, F, pf)                                                                       \
         const uint8_t *u = ready(wb, F, R, ub);                                                               \
         __m256 f0[2], f1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                     \
         factors(p, nb, b, F, f0, f1);                                                                         \

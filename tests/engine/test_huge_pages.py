@@ -125,3 +125,8 @@ def test_cat_of_tensors_side_by_side_is_a_view_and_of_others_a_copy():
     apart = [parts[0], parts[2]]  # the same storage, not side by side
     got = huge_pages.cat(apart)
     assert torch.equal(got, torch.cat(apart)) and got.data_ptr() != parts[0].data_ptr()
+    # a contiguous part whose size-1 dimension has another stride: the whole still reads row after row
+    flat = arena.take((128,))
+    flat.copy_(torch.arange(128, dtype=torch.uint8))
+    odd, even = flat[:64].view(64, 1).T, flat[64:].view(1, 64)
+    assert odd.stride() != even.stride() and torch.equal(huge_pages.cat([odd, even]), torch.cat([odd, even]))

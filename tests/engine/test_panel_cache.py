@@ -76,7 +76,8 @@ def test_a_warm_load_reads_the_cold_loads_panels_and_packs_nothing(tmp_path, cac
               if part.panels.untyped_storage().data_ptr() == arena]
     assert {id(p) for p in packed} >= {id(part.panels) for matmul in (cold.lean.layers[0].o, cold.lean.layers[-1].down)
                                         for part in matmul.parts}
-    assert all(a.data_ptr() + a.numel() <= b.data_ptr() for a, b in zip(packed, packed[1:]))
+    # side by side: panels packed and then not used (a fused matmul packed in one piece) were given back
+    assert all(a.data_ptr() + a.numel() == b.data_ptr() for a, b in zip(packed, packed[1:]))
     assert all(huge_pages.advised(p) == advice for p in packed)
     assert_same_as_todays(warm, cold, [3, 14, 15, 2, 9, 7, 1, 5])
 
