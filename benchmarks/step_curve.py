@@ -17,6 +17,7 @@ shared and its speed drifts); a cell is the median of the rounds, and the ratio 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import torch
@@ -38,8 +39,8 @@ def random_panels(n: int, k: int, bits: int, gen: torch.Generator, arena: huge_p
     """Panels of random blocks of format `bits` (a code of quant_matmul.FORMATS) for an [n, k] weight (any byte is
     a valid quant or 6-bit scale), every fp16 scale and min 1/64; in the engine's memory (huge_pages: `arena`'s
     next place where given)."""
-    count, nb = -(-n // quant_matmul.PANEL), -(-k // quant_matmul.BLOCK)
-    shape = (count, quant_matmul.panel_bytes(k, bits))
+    nb = -(-k // quant_matmul.BLOCK)
+    shape = quant_matmul.panels_shape(n, k, bits)
     panels = arena.take(shape) if arena is not None else huge_pages.empty(shape)  # in 2 MB pages, as the engine's
     panels.copy_(torch.randint(0, 256, panels.shape, generator=gen, dtype=torch.uint8))
     body = nb * quant_matmul.BLOCK_BYTES[bits]
@@ -61,8 +62,7 @@ class Pass:
             shapes = [(n, -(-k // quant_matmul.SUPERBLOCK) * quant_matmul.SUPERBLOCK) for n, k in shapes]
         self.bits = bits
         # side by side in a step's order, as the engine's panels lie (a warm load's, and a cold one's: gguf_direct)
-        arena = huge_pages.Arena(sum(-(-n // quant_matmul.PANEL) * quant_matmul.panel_bytes(k, bits)
-                                     for n, k in shapes))
+        arena = huge_pages.Arena(sum(math.prod(quant_matmul.panels_shape(n, k, bits)) for n, k in shapes))
         self.weights = [(n, k, random_panels(n, k, bits, gen, arena)) for n, k in shapes]
         self.bytes = sum(p.numel() for _, _, p in self.weights)
         widest = max(n for n, _, _ in self.weights)

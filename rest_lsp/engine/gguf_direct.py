@@ -20,6 +20,7 @@ Llama, Qwen2 and Mistral files without scaled RoPE, sliding windows or other hea
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -196,7 +197,7 @@ class _Builder:
             for name in names:
                 n, k = self.t[name].shape[1], self.t[name].shape[0]
                 bits = gguf_blocks.BITS.get(self.t[name].tensor_type.name) or 8
-                total += -(-n // quant_matmul.PANEL) * quant_matmul.panel_bytes(k, bits)
+                total += math.prod(quant_matmul.panels_shape(n, k, bits))
         self.arena = huge_pages.Arena(total)
 
     def _empty(self, shape: tuple[int, int]) -> torch.Tensor:
@@ -249,7 +250,7 @@ class _Builder:
         heads = self._heads(name)
         own = gguf_blocks.BITS.get(tensor.tensor_type.name)
         for bits, mine in ([(own, True)] if own else []) + [(8, False)]:
-            out = self._empty((-(-n // quant_matmul.PANEL), quant_matmul.panel_bytes(k, bits)))
+            out = self._empty(quant_matmul.panels_shape(n, k, bits))
             try:
                 # llama's q and k rows move within each head: those (small) tensors are packed whole
                 step = n if heads else max(quant_matmul.PANEL, CHUNK_BYTES // (4 * k) // quant_matmul.PANEL

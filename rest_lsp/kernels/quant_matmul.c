@@ -56,6 +56,8 @@ static long long tail_bytes(long long nb, int f) {
     long long ns = nb / 8;
     return LEGACY(f) ? nb * 32 : f == 41 ? nb * 64 : f == 62 ? ns * 32 + nb * 32 : ns * 64 + nb * 32;
 }
+/* a panel's bytes: its quants, then its tail rounded up to a whole line */
+static idx panel_bytes(idx nb, int fmt) { return nb * BYTES(fmt) + (tail_bytes(nb, fmt) + 63) / 64 * 64; }
 
 /* A two-term or superblock format reads its scales and mins from up to four places of the panel's tail, block by
    block, beside the quants' stream: the first tile of a panel fetches the whole tail ahead (without it, panels
@@ -69,7 +71,7 @@ static long long tail_bytes(long long nb, int f) {
    (a block's quants alone left a tail's lines of every panel, about a tenth of a 4- or 5-bit one, to wait on) */
 #define PREFETCH_BLOCK(p, nb, b, F, pf)                                                                       \
     if (pf) {                                                                                                 \
-        idx stride_ = (nb) * BYTES(F) + (tail_bytes(nb, F) + 63) / 64 * 64;                                   \
+        idx stride_ = panel_bytes(nb, F);                                                                     \
         idx from_ = (b) * stride_ / (nb) / 64 * 64;                                                           \
         idx to_ = (b) + 1 == (nb) ? stride_ : ((b) + 1) * stride_ / (nb) / 64 * 64;                           \
         for (idx l = from_; l < to_; l += 64) __builtin_prefetch((p) + PFD + l, 0, PFL);                     \
@@ -117,8 +119,6 @@ static long long tail_bytes(long long nb, int f) {
 #ifndef AMX_OUT
 #define AMX_OUT (1536 * 1024) /* and at most these bytes of their output rows */
 #endif
-
-static idx panel_bytes(idx nb, int fmt) { return nb * BYTES(fmt) + (tail_bytes(nb, fmt) + 63) / 64 * 64; }
 
 /* the rows quantized per block: xq [m][nb*32], xd [m][nb] (scales), xs [m][nb] (sums of the quants), xh [m][nb]
    (sums of the first 16 quants; may be NULL) */

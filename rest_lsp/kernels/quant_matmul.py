@@ -282,6 +282,11 @@ def panel_bytes(k: int, bits: int = 8) -> int:
     return nb * BLOCK_BYTES[bits] + -(-tail_bytes(nb, bits) // 64) * 64
 
 
+def panels_shape(n: int, k: int, bits: int = 8) -> tuple[int, int]:
+    """The shape of an [n, k] weight's panels (`pack_blocks`' output): (panels, bytes a panel)."""
+    return -(-n // PANEL), panel_bytes(k, bits)
+
+
 def _columns(t: torch.Tensor, count: int) -> torch.Tensor:
     """A per-row tensor [count x 16, a, ...] -> the panels' bytes of it [count, a x ... x 16 x itemsize]: per
     panel, its 16 columns last (the C reads [a][...][16])."""

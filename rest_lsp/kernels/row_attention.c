@@ -85,9 +85,7 @@ INLINE void fetch_row(const float *p, idx floats) {
     for (idx e = 0; e < floats; e += 64 / (idx)sizeof(float)) __builtin_prefetch((const char *)(p + e), 0, 3);
 }
 
-#ifndef VBLOCK
-#define VBLOCK 16384  /* the value rows' bytes a j-block of `values` reads (kept in L1 for every query) */
-#endif
+#define VBYTES 16384  /* the value rows' bytes a j-block of `values` reads (kept in L1 for every query of the block) */
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 /* AVX2: the same per-lane operations on pairs of 8-float registers (a 16-lane vector does not fit one, and GCC
@@ -96,7 +94,6 @@ INLINE void fetch_row(const float *p, idx floats) {
 #define QS 6  /* queries a score block: 2 * QS accumulators + a key pair + a weight in 16 registers */
 #define QV 4  /* queries a value block, each a 16-float chunk in two registers */
 #define KAHEAD 2  /* key blocks of 16 rows a transpose prefetches ahead */
-#define VBYTES 16384  /* the value rows a j-block reads (kept in L1 for every query of the block) */
 
 /* kt [d][16] = the rows rp[0..16) transposed (lanes past c: scores never read), in 8 x 8 tiles */
 static void transpose(const float *const *rp, idx c, idx d, float *kt) {
@@ -339,7 +336,7 @@ static void scores(const float *const *qs, float *const *dst, idx U, const float
    queries a zero weight row into a scratch accumulator. */
 static void values(const float *const *ps, v16 *const *acc, idx U, const float *const *vr, idx J, idx d,
                    const float *zeros) {
-    idx dc = (d + LN - 1) / LN, JB = VBLOCK / (d * (idx)sizeof(float));
+    idx dc = (d + LN - 1) / LN, JB = VBYTES / (d * (idx)sizeof(float));
     v16 spare[DMAX / LN];
     if (JB < 16) JB = 16;
     /* the value rows in j-blocks that stay in L1 while every query reads them (each chain resumes where the last
