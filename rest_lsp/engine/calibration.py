@@ -181,6 +181,37 @@ def relative_curve(ms: dict[int, float]) -> dict[int, float]:
     return {k: max(1.0 if k == 1 else 1.0 + MIN_DRAFT_COST, v / base) for k, v in sorted(ms.items())}
 
 
+# -- the LM head ---------------------------------------------------------------------------------------------------
+HEAD_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # rows of one head call timed (up to the largest asked for)
+HEAD_ROUNDS = 3  # the fastest of at most this many rounds, after one warm-up round
+HEAD_SECONDS = 1.0  # no new round starts after this long (at least one is timed): a large model's head is slow
+
+
+def measure_head(head: Callable[[torch.Tensor], torch.Tensor], width: int, dtype: torch.dtype, largest: int,
+                 rounds: int = HEAD_ROUNDS, max_seconds: float = HEAD_SECONDS) -> list[float]:
+    """cost_curve of one LM head call by rows over one row, on this machine's cores (CPU; a GPU's is flat): what
+    decides how many rows a step's first head call takes (decoding.head_rows).
+
+    The head streams its whole [V, H] weight per call, so its rows' cost depends on the kernel's tiles and the CPU
+    (on AVX-512, 4 rows cost about one; on AVX2 twice as much at 8): measured, not assumed. Each size's fastest round is
+    kept, so work beside it (an index being built) that slows a round does not reach the curve."""
+    sizes = [k for k in HEAD_SIZES if k <= max(1, largest)]
+    hidden = torch.randn(sizes[-1], width, generator=torch.Generator().manual_seed(0)).to(dtype)  # [K, H]
+    best = {k: math.inf for k in sizes}
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for rnd in range(rounds + 1):
+            for k in sizes:  # interleaved: a busy moment slows every size alike
+                t0 = time.perf_counter()
+                head(hidden[:k])
+                if rnd:
+                    best[k] = min(best[k], time.perf_counter() - t0)
+            if rnd and time.perf_counter() - start > max_seconds:
+                break
+    base = best[1]
+    return cost_curve({k: max(1.0, t / base) if base > 0 else 1.0 for k, t in best.items()})
+
+
 # -- the cache file ------------------------------------------------------------------------------------------------
 def _valid_ms(raw) -> dict[int, float] | None:
     if not isinstance(raw, dict):

@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -22,9 +23,10 @@ from transformers import DynamicCache
 from rest_lsp.drafting.acceptance import AcceptanceModel
 from rest_lsp.engine import mode_choice
 from rest_lsp.cache_dir import read_bytes
-from rest_lsp.engine.calibration import Calibration, cache_file, calibrate, calibration_key, write_json
-from rest_lsp.drafting.draft_tree import (DraftTree, build_tree, tree_attention_mask, tree_position_ids,
-                                  under_chain)
+from rest_lsp.engine.calibration import (Calibration, cache_file, calibrate, calibration_key, measure_head,
+                                         write_json)
+from rest_lsp.drafting.draft_tree import (DraftTree, build_tree, cost_at, tree_attention_mask,
+                                          tree_position_ids, under_chain)
 from rest_lsp.drafting.drafts import ContextLookup, DraftMix, DraftSource, Proposal, mix_of, propose
 from rest_lsp.engine.lean_llama import KVCache, LeanLlama, unsupported
 from rest_lsp.engine.model import LoadedModel, ModelLoadError, cache_root
@@ -178,14 +180,29 @@ def below(tree: DraftTree, node: int, rows: int, skip) -> list[int]:
     return sorted(found, key=lambda i: -tree.shares[i])[:rows]
 
 
-def likely_nodes(tree: DraftTree, batch_from: float, rows: int) -> list[int]:
-    """The nodes worth one batched head call: the `rows` likeliest (root first) when the walk is expected to
-    visit at least `batch_from` nodes, else none."""
+def head_rows(tree: DraftTree, cost: Sequence[float], largest: int, miss_rows: int) -> list[int]:
+    """The nodes a step's first head call takes, root first: the k likeliest (k <= `largest`) whose expected cost
+    is least, cost(k) + P(the walk leaves them) * cost(miss_rows), `cost` the head's cost by rows over one row.
+
+    The walk goes into at most one child of each node it reaches, so it leaves the k likeliest through exactly one
+    child outside them, or not at all: that chance is the sum of those children's shares. Where rows are cheap
+    (AVX-512 tiles, a GPU) the likely ones come in one call; where each costs more (AVX2), a few, and a walk that
+    leaves them brings its node and the likeliest below it. Without shares: the root alone."""
     if len(tree) == 1 or len(tree.shares) != len(tree):
-        return []
-    if 1.0 + sum(tree.shares[1:]) < batch_from:
-        return []
-    return sorted(range(len(tree)), key=lambda i: -tree.shares[i])[:rows]
+        return [0]
+    # a child is never likelier than its parent and comes after it on a tie: every prefix holds its nodes' parents
+    order = sorted(range(len(tree)), key=lambda i: (-tree.shares[i], i))[: max(1, largest)]
+    kids: list[list[int]] = [[] for _ in tree.tokens]
+    for i, parent in enumerate(tree.parents[1:], start=1):
+        kids[parent].append(i)
+    miss = cost_at(cost, miss_rows)
+    out, best, best_k = 0.0, math.inf, 1
+    for k, node in enumerate(order, start=1):
+        out += sum(tree.shares[c] for c in kids[node]) - (tree.shares[node] if node else 0.0)
+        expected = cost_at(cost, k) + max(0.0, out) * miss
+        if expected < best - 1e-9:
+            best, best_k = expected, k
+    return order[:best_k]
 
 
 SUCCESSORS = 8  # the model's likeliest next tokens kept per visited node (Token Recycling)
@@ -363,6 +380,10 @@ class Decoder:
         # Until calibrate() has measured this machine: the packing's row of the reference machines' constants.
         self.run = run_mode(self.device, self.dtype, self.lean.packing if self.lean is not None else None,
                             tuple(loaded.notes))
+        if self.device.type == "cpu" and self.logits is not None:  # how many rows a head call pays for here
+            width = self.model.config.hidden_size
+            self.run = replace(self.run, head_cost=tuple(measure_head(
+                self.logits, width, self.dtype, max(self.run.head_batch, self.run.miss_rows))))
         self.calibration: Calibration | None = None
         # What a step of k rows costs here, learned from the steps run: seeded by calibrate() from what this machine
         # measured, else from a conservative curve (never the reference machines' curves above); a GPU's is flat.
@@ -521,7 +542,7 @@ class Decoder:
         @torch.inference_mode()
         def run(tree: DraftTree) -> None:
             logits_at = self._pass(cache, tree)
-            for node in likely_nodes(tree, self.run.head_batch_from, self.run.head_batch) or [0]:
+            for node in head_rows(tree, self.run.head_cost, self.run.head_batch, self.run.miss_rows):
                 logits_at(node)
             sync_device(self.device)
             if isinstance(cache, KVCache):
@@ -726,14 +747,12 @@ class Decoder:
         return self._head_at(tree, self.body(**kwargs).last_hidden_state[0])  # [n+1, H]
 
     def _head_at(self, tree: DraftTree, hidden: torch.Tensor) -> Callable[[int], torch.Tensor]:
-        """logits_at(node) -> [V] fp32 from hidden states [n+1, H]: the likeliest nodes in one head call when the
-        walk is expected to visit enough of them; any other node when the walk reaches it, with the likeliest nodes
-        below it in as many rows as cost one (`miss_rows`)."""
-        done: dict[int, torch.Tensor] = {}
-        rows = likely_nodes(tree, self.run.head_batch_from, self.run.head_batch)
-        if len(rows) > 1:
-            logits = self.logits(hidden[rows]).float()  # [k, V]
-            done = {node: logits[i] for i, node in enumerate(rows)}
+        """logits_at(node) -> [V] fp32 from hidden states [n+1, H]: the root and the likeliest nodes in one head call
+        (`head_rows`: as many as the head's cost by rows pays for); any other node when the walk reaches it, with the
+        likeliest nodes below it in as many rows as cost one (`miss_rows`)."""
+        rows = head_rows(tree, self.run.head_cost, self.run.head_batch, self.run.miss_rows)
+        logits = self.logits(hidden[rows]).float()  # [k, V]
+        done = {node: logits[i] for i, node in enumerate(rows)}
 
         @torch.inference_mode()
         def logits_at(node: int) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 `decide` turns what the user asked for (`--device`, `--dtype`, a .gguf or not) into a `RunMode`; `run_mode` gives
 the value a Decoder runs once it knows which packing its model takes. Each packing's row in `PACKINGS` holds how many
-rows the LM head takes in one call and from when that call pays, how many rows a node outside it brings, and the
+rows the LM head takes in one call at most, how many rows a node outside it brings, and the
 step-cost curve benchmarks/bench_kernels.py measured on a reference machine (benchmarks/RESULTS.md, "Kernels and
 step cost"): a record, never what sizes a CPU's trees (another CPU's curve says nothing of this one); the decoder
 learns its own from the steps it runs (`step_cost.py`), seeded from what this machine measured.
@@ -64,31 +64,31 @@ class Packing:
     """What a step costs on one weight packing (a CPU), and how the LM head batches its rows there."""
 
     step_cost: list[float]  # cost_curve of a step by tokens verified
-    head_batch: int  # the likeliest nodes one batched head call takes
-    head_batch_from: float  # expected visited nodes (1 + expected accepted drafts) from which that call pays
+    head_batch: int  # the likeliest nodes one batched head call takes at most
     miss_rows: int  # rows a node reached outside that call brings (itself and the likeliest below it)
 
 
 # One row per kind of lean_llama.Matmul ("none": the model's own F.linear, also every model the lean engine does
 # not run). The rules behind the head columns: the head reads its whole [V, H] weight per call, so a batch pays once
 # its rows cost little more than one row; panel takes 12 (two tiles of 6), fbgemm's fp16 kernels take rows in blocks
-# of 6, oneDNN packs for 8, MKL's rows cost more (a batch pays only for long expected walks, misses come one by one).
+# of 6, oneDNN packs for 8, MKL's rows cost more (misses come one by one). How many of them a step's first call takes
+# is weighed on the head's cost by rows measured here (`RunMode.head_cost`, decoding.head_rows).
 PACKINGS: dict[str, Packing] = {
     "panel": Packing(cost_curve({1: 1.0, 2: 1.08, 4: 1.08, 6: 1.09, 8: 1.22, 12: 1.25, 16: 1.45, 32: 2.57,
-                                 64: 4.3}), head_batch=12, head_batch_from=1.1, miss_rows=6),
+                                 64: 4.3}), head_batch=12, miss_rows=6),
     "onednn": Packing(cost_curve({1: 1.0, 2: 1.07, 4: 1.28, 6: 1.43, 8: 1.46, 12: 1.6, 16: 1.98, 32: 2.85,
-                                  64: 4.9}), head_batch=8, head_batch_from=1.4, miss_rows=4),
+                                  64: 4.9}), head_batch=8, miss_rows=4),
     "fp16": Packing(cost_curve({1: 1.0, 2: 1.28, 4: 1.41, 6: 1.64, 8: 2.02, 12: 2.52, 16: 3.06, 32: 5.3,
-                                64: 9.4}), head_batch=6, head_batch_from=1.7, miss_rows=3),
+                                64: 9.4}), head_batch=6, miss_rows=3),
     "none": Packing(cost_curve({1: 1.0, 2: 1.41, 4: 1.82, 8: 2.26, 12: 2.51, 16: 2.63, 24: 3.01, 32: 3.40,
-                                48: 4.17, 64: 4.93}), head_batch=8, head_batch_from=2.5, miss_rows=1),
+                                48: 4.17, 64: 4.93}), head_batch=8, miss_rows=1),
     # Q8_0 on our integer kernel (quant_matmul.py): a tile of 12 rows on AVX-512 VNNI (4 on AVX2) reads a panel once
     "q8": Packing(cost_curve({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 12: 1.39, 16: 1.93}), head_batch=12,
-                  head_batch_from=1.4, miss_rows=4),
+                  miss_rows=4),
     # a .gguf's own 8, 5 and 4-bit blocks on the same kernel and tiles: one row streams fewer bytes than q8's, many
     # rows cost what q8's do (the dot products bound them), so the curve rises sooner; the head and its batch as q8's
     "gguf": Packing(cost_curve({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.2, 12: 1.6, 16: 2.3}), head_batch=12,
-                    head_batch_from=1.4, miss_rows=4),
+                    miss_rows=4),
 }
 # A GPU verifies a few dozen tokens in about the time of one.
 FLAT_STEP_COST = cost_curve({1: 1.0, 2: 1.0})
@@ -103,10 +103,11 @@ class RunMode:
     packing: str  # a key of PACKINGS
     step_cost: list[float]
     head_batch: int
-    head_batch_from: float
     miss_rows: int
     notes: tuple[str, ...] = ()  # sentences for the user: what was asked for and could not run here
     level: str = ""  # the instruction-set level our kernels run at (kernels/levels.py); "" where none of ours runs
+    # cost_curve of one LM head call by rows over one row: flat until the decoder measures its head here
+    head_cost: tuple[float, ...] = tuple(FLAT_STEP_COST)
 
     @property
     def name(self) -> str:
@@ -121,7 +122,7 @@ def run_mode(device: torch.device, dtype: torch.dtype, packing: str | None, note
     """The mode of a decoder whose weights run on `packing` (None or unknown: the model's own matmuls)."""
     row = PACKINGS.get(packing or "none", PACKINGS["none"])
     cost = FLAT_STEP_COST if device.type == "cuda" else row.step_cost
-    return RunMode(device, dtype, packing or "none", cost, row.head_batch, row.head_batch_from, row.miss_rows, notes,
+    return RunMode(device, dtype, packing or "none", cost, row.head_batch, row.miss_rows, notes,
                    kernel_level(device, packing))
 
 

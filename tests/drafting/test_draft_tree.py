@@ -99,18 +99,25 @@ def test_fit_to_cost_keeps_the_prefix_that_pays_for_itself():
     assert max(range(len(tree)), key=value) == len(cut) - 1
 
 
-def test_the_head_is_batched_when_the_walk_likely_passes_the_root_and_a_row_costs_little():
-    """oneDNN's packed head computes 8 rows for 1.4x one row, MKL's for 2.4x: a walk expected to visit 1.7 nodes
-    gets one batched call on the packed engine (the likeliest nodes, root first), single calls elsewhere."""
-    from rest_lsp.engine.decoding import likely_nodes
-    from rest_lsp.engine.runmode import PACKINGS
+def test_the_first_head_call_takes_the_likely_nodes_its_rows_pay_for():
+    """The head's rows are weighed on its cost by rows measured here: where they cost about one (AVX-512 tiles, a
+    GPU) the likely nodes come in one call; where each costs more (AVX2) the root and the nodes a walk likely
+    reaches, a walk that leaves them paying one more call (`miss_rows`)."""
+    from rest_lsp.engine.decoding import head_rows
+    from rest_lsp.engine.runmode import FLAT_STEP_COST, cost_curve
 
-    tree = DraftTree([1, 2, 3, 4], [-1, 0, 1, 0], [0, 1, 2, 1], shares=(1.0, 0.5, 0.1, 0.1))  # 1.7 visited expected
-    packed, mkl = PACKINGS["onednn"], PACKINGS["none"]
-    assert likely_nodes(tree, packed.head_batch_from, packed.head_batch) == [0, 1, 2, 3]
-    assert likely_nodes(tree, mkl.head_batch_from, mkl.head_batch) == []
-    alone = DraftTree([1, 2], [-1, 0], [0, 1], shares=(1.0, 0.3))  # 1.3 expected: the root's row alone pays
-    assert likely_nodes(alone, packed.head_batch_from, packed.head_batch) == []
+    # 0 -> 1 -> 2, 0 -> 3: the walk reaches 1 half the time, 2 and 3 a tenth each
+    tree = DraftTree([1, 2, 3, 4], [-1, 0, 1, 0], [0, 1, 2, 1], shares=(1.0, 0.5, 0.1, 0.1))
+    assert head_rows(tree, FLAT_STEP_COST, 12, 4) == [0, 1, 2, 3]  # rows are free: all of them
+    assert head_rows(tree, FLAT_STEP_COST, 2, 4) == [0, 1]  # at most `largest`, the likeliest
+    avx2 = cost_curve({1: 1.0, 2: 1.12, 3: 1.31, 4: 1.42, 8: 2.08, 12: 2.96})  # a head measured on AVX2
+    # root alone: 1 + 0.6 * 1.42; with node 1: 1.12 + 0.2 * 1.42 (the least); all: 1.42
+    assert head_rows(tree, avx2, 12, 4) == [0, 1]
+    unlikely = DraftTree([1, 2, 3, 4], [-1, 0, 0, 0], [0, 1, 1, 1], shares=(1.0, 0.05, 0.04, 0.03))
+    assert head_rows(unlikely, avx2, 12, 4) == [0]  # a walk that likely stops at the root: its row alone
+    sure = DraftTree([1, 2, 3, 4, 5], [-1, 0, 1, 2, 3], [0, 1, 2, 3, 4], shares=(1.0, 0.95, 0.9, 0.85, 0.8))
+    assert head_rows(sure, avx2, 12, 4) == [0, 1, 2, 3, 4]  # a chain it likely walks to its end: one call
+    assert head_rows(DraftTree([1, 2], [-1, 0], [0, 1]), avx2, 12, 4) == [0]  # no shares: the root alone
 
 
 def test_a_node_the_walk_reaches_outside_the_batch_brings_the_likeliest_nodes_below_it():
@@ -129,15 +136,15 @@ def test_a_node_the_walk_reaches_outside_the_batch_brings_the_likeliest_nodes_be
     assert below(tree, 5, 3, {}) == [6] and below(tree, 3, 3, {}) == [] and below(tree, 0, 0, {}) == []
 
     decoder = Decoder(tiny_model("llama"))
-    # no batched call up front: every row is a miss
-    decoder.run = dataclasses.replace(decoder.run, miss_rows=3, head_batch_from=100.0)
+    # each row as dear as a call: the first call takes the root alone, every other row is a miss
+    decoder.run = dataclasses.replace(decoder.run, miss_rows=3, head_cost=tuple(float(k) for k in range(20)))
     calls = []
     real = decoder.logits
     decoder.logits = lambda h: calls.append(h.shape[0]) or real(h)
     hidden = torch.randn(len(tree), decoder.model.config.hidden_size)
     logits_at = decoder._head_at(tree, hidden)
-    got = {n: logits_at(n) for n in (1, 2, 4, 3)}
-    assert calls == [3, 1]  # 1 with 2 and 3; then 4 alone
+    got = {n: logits_at(n) for n in (0, 1, 2, 4, 3)}
+    assert calls == [1, 3, 1]  # the root; 1 with 2 and 3; then 4 alone
     for n, value in got.items():
         assert torch.equal(value, real(hidden[n : n + 1])[0].float())
 

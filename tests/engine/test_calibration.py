@@ -451,3 +451,40 @@ def test_a_measurement_cut_short_by_its_time_limit_is_used_but_not_kept(decoder,
     found = decoder.calibrate(tmp_path, sizes=(1, 2, 4), context=48, repeats=3, max_seconds=0.0)
     assert found.source == "measured" and found.path is None and decoder.step_cost is found.curve
     assert not _key_path(decoder, tmp_path)[1].exists()
+
+
+def test_the_heads_cost_by_rows_is_measured_by_its_fastest_rounds():
+    """measure_head times one head call per size in interleaved rounds and keeps each size's fastest: a head whose
+    rows cost one unit each gives a rising curve, a head whose rows are free a flat one, and a round slowed by other
+    work (here the first timed one of every size) is not what the curve says."""
+    import time
+
+    from rest_lsp.engine.calibration import measure_head
+
+    calls = {"n": 0}
+
+    def head(dear: bool):
+        def run(hidden: torch.Tensor) -> None:
+            calls["n"] += 1
+            busy = 8 <= calls["n"] < 16  # the first timed round meets other work
+            time.sleep(0.002 * (hidden.shape[0] if dear else 1) + (0.05 if busy else 0.0))
+        return run
+
+    steep = measure_head(head(True), 4, torch.float32, largest=6)
+    assert len(steep) == 7 and steep[1] == 1.0
+    assert 1.5 < steep[2] < 2.6 and steep[6] > 3.5 and steep[6] > steep[4] > steep[2]
+    calls["n"] = 0
+    flat = measure_head(head(False), 4, torch.float32, largest=6)
+    assert max(flat[1:]) < 1.5
+
+
+def test_a_decoder_on_a_cpu_weighs_its_head_rows_on_a_curve_measured_here():
+    from support import tiny_model
+
+    from rest_lsp.engine.decoding import Decoder
+    from rest_lsp.engine.runmode import FLAT_STEP_COST
+
+    decoder = Decoder(tiny_model("llama"))
+    cost = decoder.run.head_cost
+    assert tuple(cost) != tuple(FLAT_STEP_COST) and len(cost) > max(decoder.run.head_batch, decoder.run.miss_rows)
+    assert cost[1] == 1.0 and all(c >= 1.0 for c in cost[1:])

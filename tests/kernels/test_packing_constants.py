@@ -28,8 +28,7 @@ def test_a_decoder_on_each_packing_takes_that_packings_row(packing):
     assert decoder.lean is not None and decoder.lean.packing == packing
     row = PACKINGS[packing]
     assert decoder.run.step_cost == row.step_cost
-    assert (decoder.run.head_batch, decoder.run.head_batch_from, decoder.run.miss_rows) == \
-        (row.head_batch, row.head_batch_from, row.miss_rows)
+    assert (decoder.run.head_batch, decoder.run.miss_rows) == (row.head_batch, row.miss_rows)
 
 
 def test_the_transformers_engine_takes_the_row_of_the_models_own_matmuls():
