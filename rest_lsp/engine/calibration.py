@@ -184,7 +184,8 @@ def relative_curve(ms: dict[int, float]) -> dict[int, float]:
 # -- the LM head ---------------------------------------------------------------------------------------------------
 HEAD_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # rows of one head call timed (up to the largest asked for)
 HEAD_ROUNDS = 3  # the fastest of at most this many rounds, after one warm-up round
-HEAD_SECONDS = 1.0  # no new round starts after this long (at least one is timed): a large model's head is slow
+HEAD_SECONDS = 1.0  # no new round starts after this long (a warm-up and one timed round always run): a large model's
+# head is slow, and the decoder is built while a server loads
 
 
 def measure_head(head: Callable[[torch.Tensor], torch.Tensor], width: int, dtype: torch.dtype, largest: int,

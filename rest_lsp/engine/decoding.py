@@ -185,7 +185,8 @@ def head_rows(tree: DraftTree, cost: Sequence[float], largest: int, miss_rows: i
     is least, cost(k) + P(the walk leaves them) * cost(miss_rows), `cost` the head's cost by rows over one row.
 
     The walk goes into at most one child of each node it reaches, so it leaves the k likeliest through exactly one
-    child outside them, or not at all: that chance is the sum of those children's shares. Where rows are cheap
+    child outside them, or not at all: that chance is the sum of those children's shares (each node's at most its
+    own: siblings are calibrated one by one, so theirs can add up to more). Where rows are cheap
     (AVX-512 tiles, a GPU) the likely ones come in one call; where each costs more (AVX2), a few, and a walk that
     leaves them brings its node and the likeliest below it. Without shares: the root alone."""
     if len(tree) == 1 or len(tree.shares) != len(tree):
@@ -196,10 +197,12 @@ def head_rows(tree: DraftTree, cost: Sequence[float], largest: int, miss_rows: i
     for i, parent in enumerate(tree.parents[1:], start=1):
         kids[parent].append(i)
     miss = cost_at(cost, miss_rows)
-    out, best, best_k = 0.0, math.inf, 1
+    inside = [False] * len(tree)
+    best, best_k = math.inf, 1
     for k, node in enumerate(order, start=1):
-        out += sum(tree.shares[c] for c in kids[node]) - (tree.shares[node] if node else 0.0)
-        expected = cost_at(cost, k) + max(0.0, out) * miss
+        inside[node] = True
+        out = sum(min(tree.shares[v], sum(tree.shares[c] for c in kids[v] if not inside[c])) for v in order[:k])
+        expected = cost_at(cost, k) + out * miss
         if expected < best - 1e-9:
             best, best_k = expected, k
     return order[:best_k]
@@ -381,9 +384,7 @@ class Decoder:
         self.run = run_mode(self.device, self.dtype, self.lean.packing if self.lean is not None else None,
                             tuple(loaded.notes))
         if self.device.type == "cpu" and self.logits is not None:  # how many rows a head call pays for here
-            width = self.model.config.hidden_size
-            self.run = replace(self.run, head_cost=tuple(measure_head(
-                self.logits, width, self.dtype, max(self.run.head_batch, self.run.miss_rows))))
+            self.run = replace(self.run, head_cost=self._head_cost())
         self.calibration: Calibration | None = None
         # What a step of k rows costs here, learned from the steps run: seeded by calibrate() from what this machine
         # measured, else from a conservative curve (never the reference machines' curves above); a GPU's is flat.
@@ -405,6 +406,19 @@ class Decoder:
         # every walk, for as long as the decoder lives (and longer, when its owner saves it).
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         self._learned_file: tuple[Path, dict] | None = None  # where calibrate() looked for a learned curve, its key
+
+    def _head_cost(self) -> tuple[float, ...]:
+        """The head's cost by rows here (calibration.measure_head), on rows as wide as what it reads: the lean
+        engine's hidden state, or the split head's input (a model may project its hidden state before the head).
+        A head the probe cannot run keeps the flat curve, with one log line: it never stops a model from loading."""
+        width = getattr(self.head, "in_features", None) if self.lean is None else None
+        width = width or self.model.config.hidden_size
+        try:
+            return tuple(measure_head(self.logits, width, self.dtype, max(self.run.head_batch, self.run.miss_rows)))
+        except (RuntimeError, ValueError, TypeError) as err:
+            log.warning("Could not time the LM head by rows (%s); its first call takes the likely nodes as if rows "
+                        "were free.", err)
+            return self.run.head_cost
 
     @torch.inference_mode()
     def _split_head(self):

@@ -118,6 +118,13 @@ def test_the_first_head_call_takes_the_likely_nodes_its_rows_pay_for():
     sure = DraftTree([1, 2, 3, 4, 5], [-1, 0, 1, 2, 3], [0, 1, 2, 3, 4], shares=(1.0, 0.95, 0.9, 0.85, 0.8))
     assert head_rows(sure, avx2, 12, 4) == [0, 1, 2, 3, 4]  # a chain it likely walks to its end: one call
     assert head_rows(DraftTree([1, 2], [-1, 0], [0, 1]), avx2, 12, 4) == [0]  # no shares: the root alone
+    # siblings calibrated one by one can promise more than their parent: the walk still leaves at most once
+    twins = DraftTree([1, 2, 3], [-1, 0, 0], [0, 1, 1], shares=(1.0, 0.97, 0.97))
+    # root alone: 1 + 1.0 * 1.42 (not 1.94 * 1.42); with one twin: 1.12 + 0.97 * 1.42; both: 1.31
+    assert head_rows(twins, avx2, 12, 4) == [0, 1, 2]
+    steep = cost_curve({1: 1.0, 2: 1.5, 3: 2.5})
+    # a miss brings one row: the root alone 1 + 1.0 (uncapped 1 + 1.94, dearer than 1.5 + 0.97 with one twin)
+    assert head_rows(twins, steep, 12, 1) == [0]
 
 
 def test_a_node_the_walk_reaches_outside_the_batch_brings_the_likeliest_nodes_below_it():

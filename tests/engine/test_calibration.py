@@ -455,8 +455,8 @@ def test_a_measurement_cut_short_by_its_time_limit_is_used_but_not_kept(decoder,
 
 def test_the_heads_cost_by_rows_is_measured_by_its_fastest_rounds():
     """measure_head times one head call per size in interleaved rounds and keeps each size's fastest: a head whose
-    rows cost one unit each gives a rising curve, a head whose rows are free a flat one, and a round slowed by other
-    work (here the first timed one of every size) is not what the curve says."""
+    rows cost one unit each gives a rising curve, a head whose rows are free a flat one, and rounds slowed by other
+    work (here part of the first timed one and all of the second) are not what the curve says."""
     import time
 
     from rest_lsp.engine.calibration import measure_head
@@ -478,13 +478,47 @@ def test_the_heads_cost_by_rows_is_measured_by_its_fastest_rounds():
     assert max(flat[1:]) < 1.5
 
 
-def test_a_decoder_on_a_cpu_weighs_its_head_rows_on_a_curve_measured_here():
-    from support import tiny_model
+def test_a_decoder_on_a_cpu_weighs_its_head_rows_on_a_curve_measured_here(monkeypatch):
+    """The decoder's head is timed by rows as it is built, up to the rows of its largest call or miss, on rows as
+    wide as the head reads; what it measured is what its first head calls are weighed on."""
+    from rest_lsp.engine import decoding
 
-    from rest_lsp.engine.decoding import Decoder
+    asked = []
+
+    def measured(head, width, dtype, largest):
+        asked.append((width, dtype, largest))
+        return [0.0, 1.0, 1.25, 1.5, 2.0]
+
+    monkeypatch.setattr(decoding, "measure_head", measured)
+    decoder = Decoder(tiny_model("llama"))
+    assert asked == [(64, torch.float32, max(decoder.run.head_batch, decoder.run.miss_rows))]
+    assert decoder.run.head_cost == (0.0, 1.0, 1.25, 1.5, 2.0)
+    monkeypatch.undo()
+    cost = Decoder(tiny_model("llama")).run.head_cost  # measured for real: one row is the unit, no row cheaper
+    assert len(cost) > max(decoder.run.head_batch, decoder.run.miss_rows)
+    assert cost[1] == 1.0 and all(c >= 1.0 for c in cost[1:])
+
+
+def test_a_head_that_reads_a_projected_state_is_timed_on_rows_of_its_width(monkeypatch):
+    """OPT-350m's decoder projects its hidden state (1024 wide) to 512 before the head: the head is timed on rows of
+    its own width, and a head the probe cannot run at all leaves the flat curve rather than a model that cannot
+    load."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from rest_lsp.engine import decoding
+    from rest_lsp.engine.model import LoadedModel
     from rest_lsp.engine.runmode import FLAT_STEP_COST
 
-    decoder = Decoder(tiny_model("llama"))
-    cost = decoder.run.head_cost
-    assert tuple(cost) != tuple(FLAT_STEP_COST) and len(cost) > max(decoder.run.head_batch, decoder.run.miss_rows)
-    assert cost[1] == 1.0 and all(c >= 1.0 for c in cost[1:])
+    torch.manual_seed(0)
+    opt = OPTForCausalLM(OPTConfig(vocab_size=97, hidden_size=64, word_embed_proj_dim=32, num_hidden_layers=1,
+                                   num_attention_heads=4, ffn_dim=128, max_position_embeddings=64)).eval()
+    loaded = LoadedModel(model=opt, tokenizer=None, device=torch.device("cpu"), dtype=torch.float32, name="opt")
+    decoder = Decoder(loaded)
+    assert decoder.head is not None and decoder.head.in_features == 32
+    assert len(decoder.run.head_cost) > 3 and decoder.run.head_cost[1] == 1.0
+
+    def broken(*args):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(decoding, "measure_head", broken)
+    assert Decoder(loaded).run.head_cost == tuple(FLAT_STEP_COST)
