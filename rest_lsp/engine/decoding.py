@@ -193,16 +193,15 @@ def head_rows(tree: DraftTree, cost: Sequence[float], largest: int, miss_rows: i
         return [0]
     # a child is never likelier than its parent and comes after it on a tie: every prefix holds its nodes' parents
     order = sorted(range(len(tree)), key=lambda i: (-tree.shares[i], i))[: max(1, largest)]
-    kids: list[list[int]] = [[] for _ in tree.tokens]
-    for i, parent in enumerate(tree.parents[1:], start=1):
-        kids[parent].append(i)
+    kids = tree.children()
     miss = cost_at(cost, miss_rows)
-    inside = [False] * len(tree)
+    outside: dict[int, float] = {}  # per node taken: the shares of its children not taken (yet)
     best, best_k = math.inf, 1
     for k, node in enumerate(order, start=1):
-        inside[node] = True
-        out = sum(min(tree.shares[v], sum(tree.shares[c] for c in kids[v] if not inside[c])) for v in order[:k])
-        expected = cost_at(cost, k) + out * miss
+        if node:
+            outside[tree.parents[node]] -= tree.shares[node]
+        outside[node] = sum(tree.shares[c] for c in kids[node].values())
+        expected = cost_at(cost, k) + sum(min(tree.shares[v], rest) for v, rest in outside.items()) * miss
         if expected < best - 1e-9:
             best, best_k = expected, k
     return order[:best_k]
