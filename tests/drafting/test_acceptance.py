@@ -25,6 +25,23 @@ def test_estimates_follow_outcomes_and_fall_back_to_the_source():
     assert [match_bucket(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 16)] == [0, 1, 2, 3, 3, 4, 4, 5, 5]
 
 
+def test_only_a_proposals_first_token_is_explored():
+    """Trying a new source costs its first row: deeper nodes are worth what the source has shown, not the bonus, so
+    a new source's chain is not taken whole on its word; once the walks accept it, the chain is."""
+    m = AcceptanceModel()
+    assert m.probability(bucket("new", 2, 1), 1.0) == PRIOR_SCALE + EXPLORE
+    assert m.probability(bucket("new", 2, 2), 1.0) == m.probability(bucket("new", 2, 7), 1.0) == PRIOR_SCALE
+    chain = Proposal("new", 2, (5, 6, 7, 8, 9, 10), (-1, 0, 1, 2, 3, 4), (1.0,) * 6)
+    steep = [0.0, 1.0, 1.4, 1.8, 2.2, 2.6, 3.0, 3.4]
+    assert [round(s, 3) for s in build_tree(1, [chain], 8, m).shares] == [1.0, 1.0, 0.5, 0.25, 0.125, 0.062, 0.031]
+    assert len(fit_to_cost(build_tree(1, [chain], 8, m), steep)) == 2  # the root and the first token
+    for _ in range(30):
+        for depth in range(1, 7):
+            m.observe(bucket("new", 2, depth), 1.0, True)
+            m.observe_node(1.0, True)
+    assert len(fit_to_cost(build_tree(1, [chain], 8, m), steep)) == 7  # the whole chain
+
+
 def test_a_rejected_source_is_cut_from_trees_on_a_steep_cost_curve():
     m = AcceptanceModel()
     prop = Proposal("liar", 8, (5, 6, 7), (-1, 0, 1), (1.0, 1.0, 1.0))
