@@ -5,7 +5,7 @@ that go on through the node. Ratios overstate agreement in some places (a single
 and understate it in others (the model's recent outputs at the same spot). Each bucket keeps decayed sums of
 drafts accepted and ratios tried; their quotient is the bucket's scale, shrunk towards its source's scale while the
 bucket has few observations. P(node accepted | parent accepted) = min(1, scale * ratio), plus, for the first token
-of a source's proposal, a bonus for thin evidence while choosing trees.
+of a source's proposal (every token, after a long match), a bonus for thin evidence while choosing trees.
 
 The table knows nothing of models or editors: the decoder feeds it what its walks saw, and whoever owns the decoder
 saves it beside the index, so that a restarted server does not start from scratch.
@@ -28,11 +28,14 @@ PRIOR_SCALE = 0.5  # before any evidence, half of what a source claims
 DECAY = 0.995  # per observation of a bucket: the last few hundred count
 # Optimism while a bucket has little evidence (an upper confidence bound): a source that understates itself is
 # tried and can prove it; one that is always wrong loses the bonus after a few tries and is no longer drafted.
-# Only a proposal's first token has it: trying a source costs that one row. A deeper node's bucket learns only when
-# the walk reaches its parent, which is rare for a weak source, so a bonus there stays whole: every node of a new
-# source's chain looked sure, and its trees promised its whole length (docs/LOG.md, 2026-12-07 (afternoon)).
+# After a short match only a proposal's first token has it: trying a source costs that one row. A deeper node's
+# bucket learns only when the walk reaches its parent, which is rare for a weak source, so a bonus there stays
+# whole: every node of a new source's chain looked sure, and its trees promised its whole length (docs/LOG.md,
+# 2026-12-07 (afternoon)). After a long match the chain is the same text again (the model's own output at the same
+# place, a line the workspace holds), and it is explored whole.
 EXPLORE = 0.5
-EXPLORED_DEPTH = 1  # the deepest bucket with the bonus
+EXPLORED_DEPTH = 1  # the deepest bucket with the bonus after a short match
+LONG_MATCH = 4  # the match bucket (5-8 tokens) from which every depth has it
 
 Key = tuple[str, int, int]  # (source, match-length bucket, depth bucket)
 BINS = 10  # calibration bins over the tree's P(node | parent), [0, 0.1), ..., [0.9, 1]
@@ -72,8 +75,9 @@ class AcceptanceModel:
 
     def factor(self, key: Key) -> float:
         """What a ratio of `key` is multiplied by when choosing the tree: its scale, plus the bonus of thin evidence
-        at a proposal's first token (a deeper bucket borrows its source's scale until it has evidence of its own)."""
-        if key[2] > EXPLORED_DEPTH:
+        at a proposal's first token, or at any depth after a long match (a deeper bucket after a short match borrows
+        its source's scale until it has evidence of its own)."""
+        if key[2] > EXPLORED_DEPTH and key[1] < LONG_MATCH:
             return self.scale(key)
         tried = self._buckets.get(key, (0.0, 0.0))[1]
         return self.scale(key) + EXPLORE / math.sqrt(1.0 + tried)

@@ -26,8 +26,8 @@ def test_estimates_follow_outcomes_and_fall_back_to_the_source():
 
 
 def test_only_a_proposals_first_token_is_explored():
-    """Trying a new source costs its first row: deeper nodes are worth what the source has shown, not the bonus, so
-    a new source's chain is not taken whole on its word; once the walks accept it, the chain is."""
+    """Trying a new source after a short match costs its first row: deeper nodes are worth what the source has
+    shown, not the bonus, so its chain is not taken whole on its word; once the walks accept it, the chain is."""
     m = AcceptanceModel()
     assert m.probability(bucket("new", 2, 1), 1.0) == PRIOR_SCALE + EXPLORE
     assert m.probability(bucket("new", 2, 2), 1.0) == m.probability(bucket("new", 2, 7), 1.0) == PRIOR_SCALE
@@ -40,6 +40,11 @@ def test_only_a_proposals_first_token_is_explored():
             m.observe(bucket("new", 2, depth), 1.0, True)
             m.observe_node(1.0, True)
     assert len(fit_to_cost(build_tree(1, [chain], 8, m), steep)) == 7  # the whole chain
+    # after a long match the chain is the same text again: explored whole from the start
+    fresh = AcceptanceModel()
+    again = Proposal("new", 9, chain.tokens, chain.parents, chain.ratios)
+    assert fresh.probability(bucket("new", 9, 6), 1.0) == PRIOR_SCALE + EXPLORE
+    assert len(fit_to_cost(build_tree(1, [again], 8, fresh), steep)) == 7
 
 
 def test_a_rejected_source_is_cut_from_trees_on_a_steep_cost_curve():
