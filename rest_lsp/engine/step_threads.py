@@ -25,6 +25,10 @@ Rules:
   that probe runs again at once (after WINDOW plain steps), starved or not (the process's CPU time also counts its
   other threads' work): the load changed since it lost. A count never probed is not tried on that evidence, so a
   machine never starved never probes down.
+- A count left by a switch down is probed again as soon as a fresh window (WINDOW plain steps) on the new count is
+  slower than the usual time of the count left (the median of its last USUAL plain steps, the slow ones that made
+  the switch among them) by SLOWED: a moment's slow steps (the host's, not a load that stays) would otherwise hold a
+  quiet machine on fewer threads until the back-off's wait runs out. Once a switch: then the usual waits.
 - While a probe runs, `probing` is True: the step-cost learner takes no step then (its ratios are to plain steps on
   one count).
 """
@@ -44,6 +48,7 @@ MARGIN = 0.9  # another count is taken when its median is below this fraction of
 # a count whose probe lost is probed again at once when the current count's median has grown past its median then
 # over this (a change of load, not the noise of a median of WINDOW steps)
 SLOWED = 0.8
+USUAL = 25  # plain steps a count's usual time is the median of (longer than a moment's slow steps)
 
 
 def counts(cores: int) -> list[int]:
@@ -62,6 +67,8 @@ class StepThreads:
         self.get_threads = get_threads  # the count in force (another decoder of the process may have set its own)
         self.applied: int | None = None
         self.times: dict[int, deque[float]] = {c: deque(maxlen=WINDOW) for c in self.counts}
+        self.usual: dict[int, deque[float]] = {c: deque(maxlen=USUAL) for c in self.counts}
+        self.left: int | None = None  # the count a switch down left, until it is probed again
         self.got: dict[int, deque[float]] = {c: deque(maxlen=WINDOW) for c in self.counts}  # cores a step got
         self.wait = {"down": WINDOW, "up": PROBE_EVERY}  # plain steps before a probe that way may start
         self.since = 0  # plain steps since the last probe ended (or since the start)
@@ -92,6 +99,7 @@ class StepThreads:
         """A step's wall time and the process's CPU time in it (a tree step's: over its cost ratio), on the count it
         ran on; may start or end a probe."""
         self.times[self.running].append(seconds)
+        self.usual[self.running].append(seconds)
         if cpu_seconds is not None and seconds > 0:
             self.got[self.running].append(cpu_seconds / seconds)
         if self.probe is not None:
@@ -114,9 +122,18 @@ class StepThreads:
         starved = len(got) == WINDOW and statistics.median(got) < self.current - STARVED
         if below is not None and ((starved and self.since >= self.wait["down"]) or self._looks_faster(below)):
             return below
-        if above is not None and (self.since >= self.wait["up"] or self._looks_faster(above)):
+        if above is not None and (self.since >= self.wait["up"] or self._looks_faster(above)
+                                  or self._was_faster(above)):
             return above
         return None
+
+    def _was_faster(self, other: int) -> bool:
+        """`other` is the count a switch down left, and a fresh window on the current count is slower than `other`'s
+        usual time (its slow steps that made the switch among them) by SLOWED: probe it once more now."""
+        mine = self.times[self.current]
+        if other != self.left or len(mine) < WINDOW or self.since < WINDOW or not self.usual[other]:
+            return False
+        return SLOWED * statistics.median(mine) > statistics.median(self.usual[other])
 
     def _looks_faster(self, other: int) -> bool:
         """Since `other`'s last probe lost, the current count's plain steps have slowed by a quarter (SLOWED) and are
@@ -136,7 +153,9 @@ class StepThreads:
         if not mine or not theirs:
             return
         now, other = statistics.median(mine), statistics.median(theirs)
+        self.left = None
         if other < MARGIN * now:
+            self.left = self.current if probe < self.current else None
             self.current = probe
             self.switches += 1
             self.wait = {"down": WINDOW, "up": PROBE_EVERY}

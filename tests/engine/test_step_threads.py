@@ -188,6 +188,20 @@ def test_a_count_that_lost_a_probe_is_tried_again_once_the_current_one_is_slower
     assert ran.count(1) >= 20 and threads.current == 1  # switched within 10 plain steps of the change
 
 
+def test_a_moments_slow_steps_do_not_hold_a_quiet_machine_on_one_thread():
+    """2 cores, 22 ms a plain step on 2 threads and 41 on 1; for ten steps the host slows the 2-thread steps to 80 ms
+    and the process gets 1.2 cores: the steps move to 1 thread, and back to 2 within a few plain steps once 1 thread
+    is seen slower than 2 usually were, not after the back-off's wait (PROBE_EVERY plain steps); once back, no more
+    probes than a quiet machine's."""
+    threads = StepThreads(2, lambda n: None)
+    slow = range(100, 110)
+    ms = lambda n, step: (80.0 if step in slow else 22.0) if n == 2 else 41.0  # noqa: E731
+    got = lambda n, step: 1.2 if n == 2 and step in slow else n  # noqa: E731
+    ran = run(threads, ms, 1000, cores=got)
+    assert 1 in ran[100:120] and threads.switches == 2  # down in the slow moment, back up once
+    assert set(ran[130:]) == {2} and threads.probes == 2
+
+
 def test_noisy_steps_of_two_counts_about_as_fast_make_no_more_probes(monkeypatch):
     """Starved on 2 threads, both counts 30 ms a plain step with 25% noise each way: the evidence for a probe again
     (a change of load: the current count's median a quarter slower than when the probe lost, checked once a fresh
