@@ -297,6 +297,11 @@ PREFILL_CHUNK = 256
 # prompt) is computed in the first verification step's pass instead of a prefill pass of its own: one pass less
 # per request, and a multi-row pass costs far less than two (lean engine).
 CHAIN_TAIL = 64
+# A request's first tree is cut with its nodes' shares weighed at this much: over a cold replay's first steps their
+# promises came true half as often as the calibration says (it pools every step; most are later ones), and requests
+# whose first step drafted nothing took as many steps in all (docs/LOG.md, 2026-12-07 (evening)). Strong drafts (the
+# model's own output at the same place, a workspace line under a FIM cursor) still pay at half.
+FIRST_TREE_TRUST = 0.5
 PASSES_KEPT = 32  # decoding passes whose times say how long the shortest takes on this machine now
 LEARNED_PREFIX = "learned-"  # the calibration folder's files of step-cost curves learned from served steps
 
@@ -888,7 +893,8 @@ class Decoder:
             drafting = kind is not None
             work_s = self.clock()
             lite = mix if kind == LITE else None
-            tree = self._draft(seq, drafts, config, clock, lite, len(chain)) if drafting else self._root(seq)
+            trust = FIRST_TREE_TRUST if steps == 0 else 1.0
+            tree = self._draft(seq, drafts, config, clock, lite, len(chain), trust) if drafting else self._root(seq)
             work_s = self.clock() - work_s
             # verify and accept: one pass, the longest agreed path
             if self.threads is not None:
@@ -943,10 +949,10 @@ class Decoder:
         return self._costs_by_threads.get(self.threads.counts[0], self.costs)
 
     def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers",
-               lite: DraftMix | None = None, under: int = 0) -> DraftTree:
+               lite: DraftMix | None = None, under: int = 0, trust: float = 1.0) -> DraftTree:
         """The sources' proposals after `seq` (with `lite`, that mix's LITE_SOURCES alone), merged into one tree
-        rooted at its last token and cut to what pays (above a prompt tail of `under` rows: what it adds to
-        that pass)."""
+        rooted at its last token and cut to what pays, its nodes' shares weighed at `trust` (above a prompt tail of
+        `under` rows: what it adds to that pass)."""
         t = time.perf_counter()
         # a tree keeps `budget` nodes: a proposal's nodes past its `budget` likeliest would not be kept, and each
         # costs the merge's Python work
@@ -960,7 +966,7 @@ class Decoder:
         proposals = self._usable(found, len(seq))
         tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
         if config.fit_to_cost:
-            tree = self.costs.choose(tree, under)
+            tree = self.costs.choose(tree, under, trust)
         clock.draft += time.perf_counter() - t
         return tree
 

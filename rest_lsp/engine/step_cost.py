@@ -256,19 +256,20 @@ class StepCosts:
             return 0.0
         return max(MIN_DRAFT_COST, self.cost(under + rows) - self.cost(under + 1))
 
-    def choose(self, tree: DraftTree, under: int = 0) -> DraftTree:
-        """The tree cut to what pays on the learned curve; the root alone when a plain step is due as the
-        reference and the choice depends on it; grown to the next bucket when a growth probe is due and the drafts
-        beyond the cut would pay where rows are cheapest.
+    def choose(self, tree: DraftTree, under: int = 0, trust: float = 1.0) -> DraftTree:
+        """The tree cut to what pays on the learned curve, its shares scaled by `trust`; the root alone when a plain
+        step is due as the reference and the choice depends on it; grown to the next bucket when a growth probe is
+        due and the drafts beyond the cut would pay where rows are cheapest.
 
         Above a prompt tail of `under` rows the drafts are weighed against what they add to that pass (`extra`):
         the tail is paid with or without them, and rows cost more each the more a pass holds. Such a pass is
         neither a reference (it is no plain step) nor a growth probe (it measures the tail's rows too)."""
         self.probing = False
         if under and len(tree) > 1:
-            return fit_to_cost(tree, [0.0, 1.0] + [1.0 + self.extra(k, under) for k in range(2, len(tree) + 1)])
+            extra = [0.0, 1.0] + [1.0 + self.extra(k, under) for k in range(2, len(tree) + 1)]
+            return fit_to_cost(tree, extra, trust)
         if len(tree) == 1 or not self.learn:
-            return fit_to_cost(tree, self._seed.curve)
+            return fit_to_cost(tree, self._seed.curve, trust)
         self.trees += 1
         curve = self.curve()
         last_plain = self._plain[-1][0] if self._plain else 0  # a fresh decoder runs its seed's trees a while first
@@ -276,10 +277,10 @@ class StepCosts:
             self.references += 1
             self.probing = True
             return tree.prefix(1)
-        fitted = fit_to_cost(tree, curve)
+        fitted = fit_to_cost(tree, curve, trust)
         if len(fitted) < len(tree) and self.trees - self._probed >= PROBE_EVERY:
-            worth = len(fit_to_cost(tree, CHEAP))
-            if sum(tree.shares[len(fitted) : worth]) >= PROBE_GAIN:
+            worth = len(fit_to_cost(tree, CHEAP, trust))
+            if trust * sum(tree.shares[len(fitted) : worth]) >= PROBE_GAIN:
                 self._probed = self.trees
                 self.probes += 1
                 self.probing = True

@@ -364,9 +364,21 @@ def test_a_start_that_taught_the_curve_nothing_keeps_the_one_it_started_from(tmp
     assert third.step_cost[1:17] == pytest.approx(before.step_cost[1:17], abs=1e-3)
 
 
+def test_a_tree_weighed_at_less_trust_is_cut_shorter():
+    """The same drafts on the same curve (rows dearer past 4): nodes weighed at half their shares keep fewer rows;
+    none of a sure chain's is cut at full trust."""
+    from rest_lsp.drafting.draft_tree import build_tree
+
+    tree = build_tree(0, [((1, 2, 3, 4, 5, 6), 3.0), ((7, 8), 1.0)], 8)
+    costs = StepCosts(cost_curve({1: 1.0, 2: 1.1, 4: 1.35, 8: 2.4}), "measured", learn=False)
+    trusted, doubted = len(costs.choose(tree)), len(costs.choose(tree, trust=0.5))
+    assert 1 < doubted < trusted and trusted >= 7, (doubted, trusted)
+
+
 def test_a_first_pass_over_a_prompt_tail_is_learned_and_judged_by_all_its_rows():
     """The decoder's first pass computes the prompt's uncached tail under the tree: the curve learns that pass by all
-    its rows, and the gate is told what the tree's rows added to it, not what they would cost alone."""
+    its rows, and the gate is told what the tree's rows added to it, not what they would cost alone; that tree (a
+    request's first) is weighed at FIRST_TREE_TRUST, the later ones at their shares."""
     loaded = tiny_model("llama")
     prompt = [random.Random(3).randrange(97) for _ in range(30)]
     decoder = Decoder(loaded)
@@ -381,14 +393,17 @@ def test_a_first_pass_over_a_prompt_tail_is_learned_and_judged_by_all_its_rows()
                                                                    real_report(situation, drafts, extra, *rest))
     rows = []
     real_choose = decoder.costs.choose
-    decoder.costs.choose = lambda tree, under=0: rows.append((under, len(t := real_choose(tree, under)))) or t
+    trusts = []
+    decoder.costs.choose = (lambda tree, under=0, trust=1.0: trusts.append(trust)
+                            or rows.append((under, len(t := real_choose(tree, under, trust)))) or t)
     decoder.generate(prompt, _Oracle([]), DecodeConfig(max_new_tokens=4, budget=8))  # plain steps: the reference
     decoder.reset()
-    rows.clear(), reports.clear()
+    rows.clear(), reports.clear(), trusts.clear()
     result = decoder.generate(prompt, _Oracle(prompt + truth), DecodeConfig(max_new_tokens=24, budget=8))
     assert result.tokens == truth
     under, first = rows[0]
-    assert under == len(prompt) - 1 and first > 1  # the oracle is sure: its drafts pay even on the tail
+    assert under == len(prompt) - 1 and first > 1  # the oracle is sure: its drafts pay even on the tail, at half
+    assert trusts[0] == decoding.FIRST_TREE_TRUST < 1.0 and set(trusts[1:]) == {1.0}  # a request's first tree only
     assert reports[0] == ("first", pytest.approx(CONVEX(under + first) - CONVEX(under + 1)))
     decoder.generate(prompt + truth, _Oracle([]), DecodeConfig(max_new_tokens=2, budget=8))  # a plain step judges
     assert step_cost.KNOTS[step_cost._knot(under + first)] in decoder.costs.seen()
