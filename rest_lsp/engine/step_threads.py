@@ -131,7 +131,7 @@ class StepThreads:
         """`other` is the count a switch down left, and a fresh window on the current count is slower than `other`'s
         usual time (its slow steps that made the switch among them) by SLOWED: probe it once more now."""
         mine = self.times[self.current]
-        if other != self.left or len(mine) < WINDOW or self.since < WINDOW or not self.usual[other]:
+        if other != self.left or len(mine) < WINDOW or self.since < WINDOW:  # `left` ran steps: it has a usual time
             return False
         return SLOWED * statistics.median(mine) > statistics.median(self.usual[other])
 

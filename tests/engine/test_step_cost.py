@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from rest_lsp.drafting.draft_tree import DraftTree
+from rest_lsp.drafting.draft_tree import DraftTree, build_tree
 from rest_lsp.drafting.drafts import Proposal
 from rest_lsp.engine import decoding, step_cost
 from rest_lsp.engine.decoding import DecodeConfig, Decoder
@@ -367,8 +367,6 @@ def test_a_start_that_taught_the_curve_nothing_keeps_the_one_it_started_from(tmp
 def test_a_tree_weighed_at_less_trust_is_cut_shorter():
     """The same drafts on the same curve (rows dearer past 4): nodes weighed at half their shares keep fewer rows;
     none of a sure chain's is cut at full trust."""
-    from rest_lsp.drafting.draft_tree import build_tree
-
     tree = build_tree(0, [((1, 2, 3, 4, 5, 6), 3.0), ((7, 8), 1.0)], 8)
     costs = StepCosts(cost_curve({1: 1.0, 2: 1.1, 4: 1.35, 8: 2.4}), "measured", learn=False)
     trusted, doubted = len(costs.choose(tree)), len(costs.choose(tree, trust=0.5))
