@@ -16,7 +16,8 @@ fi
 # the kernels' tests that run them (not the loader's: its trust checks build many libraries and run none of them
 # on data), and the stress test
 TESTS=(tests/kernels/test_kernel_bounds.py tests/kernels/test_panel_matmul.py tests/kernels/test_quant_matmul.py
-       tests/kernels/test_quant_tiles.py tests/kernels/test_row_attention.py tests/engine/test_stress.py)
+       tests/kernels/test_quant_tiles.py tests/kernels/test_row_attention.py tests/kernels/test_logit_scan.py
+       tests/engine/test_stress.py)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # detect_leaks=0: CPython itself leaks at exit by design; every other finding aborts the run

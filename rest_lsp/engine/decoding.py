@@ -35,6 +35,7 @@ from rest_lsp.engine import step_cost
 from rest_lsp.engine.draft_gate import FULL, LITE, DraftGate
 from rest_lsp.engine.step_cost import StepCosts, seed_from_two
 from rest_lsp.engine.step_threads import StepThreads
+from rest_lsp.kernels import logit_scan
 
 log = logging.getLogger(__name__)
 
@@ -389,6 +390,8 @@ class Decoder:
                             tuple(loaded.notes))
         if self.device.type == "cpu" and self.logits is not None:  # how many rows a head call pays for here
             self.run = replace(self.run, head_cost=self._head_cost())
+        if self.device.type == "cpu":  # built (once a machine) before a request's first walk reads its logits
+            logit_scan.library()
         self.calibration: Calibration | None = None
         # What a step of k rows costs here, learned from the steps run: seeded by calibrate() from what this machine
         # measured, else from a conservative curve (never the reference machines' curves above); a GPU's is flat.
@@ -795,7 +798,7 @@ class Decoder:
     def _choose(self, logits: torch.Tensor, config: DecodeConfig, gen: torch.Generator | None) -> int:
         """The model's own token at one node: argmax, or ONE draw from its (top-p) distribution."""
         if config.temperature <= 0:
-            return int(torch.argmax(logits))
+            return logit_scan.argmax(logits)  # torch.argmax's index
         probs = torch.softmax(logits / config.temperature, dim=-1)  # [V]
         if config.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
@@ -845,7 +848,9 @@ class Decoder:
     def _recycle(drafts: DraftSource, tree: DraftTree, path: list[int], logits_at) -> None:
         """Hand the model's distribution after each visited token to sources that learn its habits (no extra pass:
         the walk computed these logits already)."""
-        ids, probs = top_successors(torch.stack([logits_at(node) for node in path]))  # [n, k] each
+        rows = [logits_at(node) for node in path]  # [V] each
+        found = logit_scan.top(rows, SUCCESSORS)  # one pass a row where the kernel takes them
+        ids, probs = found if found is not None else top_successors(torch.stack(rows))  # [n, k] each
         for node, node_ids, node_probs in zip(path, ids, probs):
             drafts.observe_successors(tree.tokens[node], node_ids, node_probs)
 

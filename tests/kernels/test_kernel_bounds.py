@@ -8,7 +8,7 @@ import ctypes
 import pytest
 import torch
 
-from rest_lsp.kernels import buffers, panel_matmul, quant_matmul, row_attention
+from rest_lsp.kernels import buffers, logit_scan, panel_matmul, quant_matmul, row_attention
 
 MIN = -1e30
 
@@ -275,8 +275,10 @@ def test_row_attn_refuses_tensors_that_do_not_fit_in_one_sentence(case):
 
 
 def test_the_bindings_pass_a_length_beside_every_pointer():
-    """quant_mm, quant_rows, panel_mm and row_attn take (pointer, elements) pairs: their argtypes say so."""
+    """quant_mm, quant_rows, panel_mm, row_attn and logit_scan take (pointer, elements) pairs: their argtypes say
+    so."""
     for module, name, count in ((quant_matmul, "quant_mm", 13), (quant_matmul, "quant_rows", 10),
-                                (panel_matmul, "panel_mm", 12), (row_attention, "row_attn", 19)):
+                                (panel_matmul, "panel_mm", 12), (row_attention, "row_attn", 19),
+                                (logit_scan, "logit_scan", 11)):
         fn = getattr(lib_of(module), name)
         assert len(fn.argtypes) == count and fn.restype is ctypes.c_int, name
