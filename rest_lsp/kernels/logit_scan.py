@@ -9,8 +9,9 @@ from the cache) on the calling thread, into buffers of the caller's.
 
 Rule: `argmax` is torch.argmax's index, bit for bit (the first of equal maxima), so the greedy token, and with it
 REST = plain and = generate, does not depend on which computed it; a row holding a NaN or an infinite maximum is
-left to torch. The top's probabilities are softmax's to a few units in the last place (drafting weights).
-The C is logit_scan.c, built per level by loader.py and checked against torch before use.
+left to torch. The top's probabilities are softmax's to a few units in the last place (drafting weights), the
+same bits on every level. The C is logit_scan.c, built per level by loader.py and checked against torch before
+use.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from rest_lsp.kernels.loader import Kernel
 
 log = logging.getLogger(__name__)
 
-FLAGS = ("-O3", "-fno-math-errno", "-shared", "-fPIC")
+# -ffp-contract=off: every multiply and add rounds where the source says, so every level gives the same bits
+FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
 LIBS = ("-lm",)
 KMAX = 64  # the most tokens a top takes (logit_scan.c)
 

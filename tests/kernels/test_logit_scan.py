@@ -65,3 +65,12 @@ def test_what_it_does_not_take_goes_to_torch():
                                                2) == BAD_SIZES and not out.any() and not ids.any()
         assert logit_scan.library().logit_scan(row.data_ptr(), 1, 40, 40, 40, 8, 0, ids.data_ptr(), 2, out.data_ptr(),
                                                8) == BAD_SIZES and not ids.any()  # a top of 8 into 2 ids
+
+
+def test_every_level_gives_the_same_bits():
+    rows = list(rows_of(2, 151936 + 3, 5.0, 11))
+    found = {level: logit_scan.top(rows, 8, logit_scan.library(level)) for level in levels.runnable()
+             if logit_scan.library(level) is not None}
+    if len(found) < 2:
+        pytest.skip("fewer than two levels build here")
+    assert all(got == found["portable"] for got in found.values()), found.keys()
