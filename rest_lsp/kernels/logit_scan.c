@@ -7,6 +7,7 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 #define LN 16   /* lanes */
 #define KMAX 64 /* the most tokens a row's top takes */
+#define SUMBLOCK 64 /* vectors a float partial sum of the normaliser takes before it is added in double */
 #define INLINE static inline __attribute__((always_inline))
 
 INLINE v16 ld(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
@@ -80,12 +81,15 @@ static int scan_row(const float *x, idx v, int k, int lse, int32_t *ids, float *
         return 0;
     }
     const float m = val[0];
-    v16 s = splat(0.0f);
-    for (j = 0; j + LN <= v; j += LN) s += vexp_neg(ld(x + j) - m);
-    float t[LN];
-    memcpy(t, &s, sizeof t);
-    double sum = 0.0;
-    for (int l = 0; l < LN; l++) sum += t[l];
+    double lanes[LN] = {0}, sum = 0.0;  /* a block's sums in float lanes, the blocks' in double */
+    for (j = 0; j + LN <= v;) {
+        v16 s = splat(0.0f);
+        for (idx end = j + SUMBLOCK * LN; j + LN <= v && j < end; j += LN) s += vexp_neg(ld(x + j) - m);
+        float t[LN];
+        memcpy(t, &s, sizeof t);
+        for (int l = 0; l < LN; l++) lanes[l] += t[l];
+    }
+    for (int l = 0; l < LN; l++) sum += lanes[l];
     for (; j < v; j++) sum += exp((double)x[j] - m);
     double log_sum = m + log(sum);
     for (int i = 0; i < k; i++) probs[i] = (float)exp((double)val[i] - log_sum);
