@@ -99,6 +99,12 @@ def sync_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _copied(tree: DraftTree, path: list[int], accepted_drafts: int) -> bool:
+    """Whether the deepest of a step's `accepted_drafts` accepted drafts (path[accepted_drafts]) is one the context
+    source proposed: the output is copying the prompt's text."""
+    return accepted_drafts > 0 and any(key[0] == ContextLookup.name for key, _ in tree.votes[path[accepted_drafts]])
+
+
 def _memo(logits_at: Callable[[int], torch.Tensor]) -> Callable[[int], torch.Tensor]:
     """Logits at a node computed once, however often the walk and the learners ask."""
     done: dict[int, torch.Tensor] = {}
@@ -882,7 +888,7 @@ class Decoder:
             return clock.result([], 0, "stopped", computed)
 
         seq, new = list(prompt), []
-        steps, finish, accepted_drafts = 0, "length", 0
+        steps, finish, accepted_drafts, copying = 0, "length", 0, False
         recycle = config.budget > 0 and getattr(drafts, "wants_successors", hasattr(drafts, "observe_successors"))
         mix = mix_of(drafts)  # whose sources a lite step narrows to the context
         while len(new) < config.max_new_tokens:
@@ -891,7 +897,7 @@ class Decoder:
                 break
             # draft: a tree of every source or of the context alone, whichever has gained more in this situation
             # (while it pays), else the root alone (a plain step)
-            situation = DraftGate.situation(steps == 0, accepted_drafts)
+            situation = DraftGate.situation(steps == 0, accepted_drafts, copying)
             self._follow_threads()  # one step chooses, records and judges on one count's curve
             kind = (None if config.budget <= 0 else FULL if not config.fit_to_cost
                     else self.gate.kind(situation, lite=mix is not None))
@@ -911,6 +917,7 @@ class Decoder:
             # update: the learners, the gate, the cache
             work_s += self._learn(drafts if recycle and kind == FULL else None, tree, path, accepted, logits_at)
             accepted_drafts = len(accepted) - 1
+            copying = _copied(tree, path, accepted_drafts)
             if drafting:
                 self._judge(situation, kind, config, tree, accepted_drafts, work_s, under)
             accepted = accepted[: config.max_new_tokens - len(new)]

@@ -12,7 +12,9 @@ to that pass: `StepCosts.extra`), the plain step from its reference (the median 
 Gains are averaged per SITUATION, as acceptance runs in streaks and a request's first step
 meets drafts of its own (the output the model wrote there a moment ago, the start a prompt holds back):
 - "first": the first step of a request;
-- "after": a step after one that accepted drafts;
+- "copying": a step after one whose deepest accepted draft the context source proposed (the output is copying text
+  the prompt holds);
+- "after": a step after one that accepted other drafts;
 - "cold": a step after one that accepted none.
 A situation drafts while its average gain is at least 0 (and until MIN_SEEN drafted steps have been seen); below 0
 its steps are plain, all but one in `explore` of them, which drafts so that the average follows the workload
@@ -26,7 +28,9 @@ full ones, in a ledger of their own per situation, and a situation drafts the ki
 explored one step in its `explore`), plain only where neither pays. More sources are not always more: each adds
 candidates whose promises are estimates, a tree on a steep step-cost curve has room for few, and those that
 promise most include those overestimated most; where rows are cheap the full mix wins. Both kinds are judged on
-MIN_SEEN steps first, taking turns.
+MIN_SEEN steps first, taking turns. A "copying" step drafts lite whenever it drafts: the context's match just grew,
+and every other source's sibling of its next node takes a share of that node's chance (siblings share at most 1),
+so the full mix cut the copied chain short (docs/LOG.md); its lite ledger alone decides whether it drafts.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-SITUATIONS = ("first", "after", "cold")
+SITUATIONS = ("first", "copying", "after", "cold")
+COPYING = "copying"  # drafts lite alone (above)
+KEPT_BEFORE = ("first", "after", "cold")  # what a gate kept before "copying": such a file starts that one afresh
 FULL, LITE = "full", "lite"  # how a step drafts: every source, or the context alone
 ALPHA = 1 / 16  # least weight of the newest gain in a situation's average (a plain mean of the first 16)
 MIN_SEEN = 8  # drafted steps a situation is judged on at least (after 4, a 24-token generation of repeated text
@@ -61,9 +67,12 @@ class DraftGate:
     lite: dict[str, _Situation] = field(default_factory=lambda: {s: _Situation() for s in SITUATIONS})
 
     @staticmethod
-    def situation(first: bool, accepted_drafts: int) -> str:
-        """The situation of a step: the request's first, else after a step that accepted `accepted_drafts`."""
-        return "first" if first else "after" if accepted_drafts > 0 else "cold"
+    def situation(first: bool, accepted_drafts: int, copying: bool = False) -> str:
+        """The situation of a step: the request's first, else after a step that accepted `accepted_drafts` (the
+        deepest of them the context's when `copying`)."""
+        if first:
+            return "first"
+        return "cold" if accepted_drafts <= 0 else COPYING if copying else "after"
 
     def paying(self, situation: str) -> bool:
         """Whether full drafting pays in `situation` (yes until judged)."""
@@ -81,6 +90,8 @@ class DraftGate:
         full, light = self.situations[situation], self.lite[situation]
         if not lite:
             return FULL if _due(full) else None
+        if situation == COPYING:
+            return LITE if _due(light) else None
         if full.seen < MIN_SEEN or light.seen < MIN_SEEN:
             return FULL if full.seen <= light.seen else LITE
         ranked = ((FULL, full), (LITE, light)) if full.gain >= light.gain else ((LITE, light), (FULL, full))
@@ -140,11 +151,12 @@ class DraftGate:
         """A gate that starts from what an earlier one learned (`learned_json`), checked; None for anything else.
         Each ledger counts at most MIN_SEEN steps behind its average, so this start's own steps soon outvote the
         last one's (a workspace whose drafts pay more reopens a closed situation within a few explorations)."""
-        if not isinstance(data, dict) or set(data) != {*SITUATIONS, "lite"}:
+        if not isinstance(data, dict) or not set(KEPT_BEFORE) | {"lite"} <= set(data) <= {*SITUATIONS, "lite"}:
             return None
         gate = cls()
-        for ledgers, kept in ((gate.situations, {k: data[k] for k in SITUATIONS}), (gate.lite, data["lite"])):
-            if not isinstance(kept, dict) or set(kept) != set(SITUATIONS):
+        full = {k: data[k] for k in SITUATIONS if k in data}
+        for ledgers, kept in ((gate.situations, full), (gate.lite, data["lite"])):
+            if not isinstance(kept, dict) or not set(KEPT_BEFORE) <= set(kept) <= set(SITUATIONS):
                 return None
             for name, one in kept.items():
                 ledger = _ledger(one)

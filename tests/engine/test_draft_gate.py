@@ -94,9 +94,19 @@ def test_without_a_plain_step_to_compare_nothing_is_learned():
 
 
 def test_situations():
-    assert DraftGate.situation(True, 3) == "first"
+    assert DraftGate.situation(True, 3) == "first" and DraftGate.situation(True, 3, copying=True) == "first"
     assert DraftGate.situation(False, 2) == "after"
+    assert DraftGate.situation(False, 2, copying=True) == "copying"
     assert DraftGate.situation(False, 0) == "cold"
+
+
+def test_a_copying_step_drafts_the_context_alone_while_that_pays():
+    gate = DraftGate()
+    ran = kinds_run(gate, "copying", {draft_gate.FULL: 2.0, draft_gate.LITE: 0.5}, 100)
+    assert ran == {draft_gate.FULL: 0, draft_gate.LITE: 100, None: 0}, ran  # never the full mix
+    ran = kinds_run(gate, "copying", {draft_gate.LITE: -0.5}, 400)  # until it stops paying: plain but explorations
+    assert ran[draft_gate.FULL] == 0 and ran[None] >= 400 - 2 * (400 // draft_gate.EXPLORE_MAX + 4), ran
+    assert [gate.kind("copying", lite=False) for _ in range(3)] == [draft_gate.FULL] * 3  # no mix: full, judged
 
 
 # -- the decoder -----------------------------------------------------------------------------------------------------
@@ -195,6 +205,12 @@ def test_what_the_gate_learned_is_kept_checked_and_soon_outvoted():
                 {**{s: {"gain": "0.1", "seen": 3} for s in draft_gate.SITUATIONS}, "lite": good},
                 {**{s: {"gain": 0.1, "seen": True} for s in draft_gate.SITUATIONS}, "lite": good}):
         assert DraftGate.from_learned_json(bad) is None, bad
+    # a file kept before the "copying" situation: the others as kept, that one from scratch
+    before = {s: {"gain": -0.4, "seen": 20} for s in draft_gate.KEPT_BEFORE}
+    gate = DraftGate.from_learned_json({**before, "lite": before})
+    assert gate is not None and not gate.paying("cold") and gate.describe()["lite"]["copying"]["seen"] == 0
+    assert gate.kind("copying") == draft_gate.LITE
+    assert DraftGate.from_learned_json({**before, "lite": before, "later": before["cold"]}) is None
 
 
 def test_a_restarted_decoder_starts_from_where_drafting_paid_here(tmp_path):
@@ -258,11 +274,47 @@ def context_beside_workspace(workspace_work: float) -> tuple[dict, int, int, int
     return decoder.gate.describe(), steps, workspace.asked, context.asked
 
 
+class Copied(Source):
+    """The true continuation, proposed as the context source's (a prompt lookup that is right)."""
+
+    def propose(self, context):
+        return [Proposal("context", p.match_length, p.tokens, p.parents, p.ratios) for p in super().propose(context)]
+
+
+def test_a_step_after_copying_the_context_drafts_the_context_alone():
+    """After a step whose deepest accepted draft the context proposed, the next drafts the context alone: a cheap
+    workspace that is never right is not asked there (its siblings would take a share of the copied chain's next
+    node); the output is plain's."""
+    from rest_lsp.drafting.drafts import DraftMix
+
+    loaded = tiny_model("llama")
+    prompt = [random.Random(6).randrange(97) for _ in range(24)]
+    vocab = loaded.model.config.vocab_size
+    plain = Decoder(loaded).generate(prompt, Source(None, [], False, 0.0, vocab), DecodeConfig(max_new_tokens=40,
+                                                                                                budget=0)).tokens
+    decoder = Decoder(loaded)
+    clock = Clock(decoder)
+    context = Copied(clock, prompt + plain, True, 0.0002, vocab)
+    workspace = Source(clock, [], False, 0.0002, vocab)
+    steps = 0
+    for _ in range(6):
+        decoder.reset()
+        result = decoder.generate(prompt, DraftMix([("context", context), ("workspace", workspace)]),
+                                  DecodeConfig(max_new_tokens=40, budget=8))
+        assert result.tokens == plain
+        steps += result.steps
+    said = decoder.gate.describe()
+    assert said["copying"]["seen"] == 0 and said["lite"]["copying"]["seen"] > 0, said  # lite alone, judged
+    # the workspace asked on the requests' first steps (and rare cold ones), the context on every step
+    assert workspace.asked <= 2 * 6 and context.asked == steps, (workspace.asked, context.asked, steps)
+
+
 def test_where_every_source_costs_more_than_it_brings_the_context_alone_still_drafts():
     """Full drafting loses (1 draft accepted for 1.5 plain steps of work), a lite step (the context alone) pays,
-    so steps go on drafting one token ahead without asking the costly source; the output is plain's."""
+    so steps go on drafting one token ahead without asking the costly source; the output is plain's. (Each step
+    after one that accepted the context's draft is "copying": lite whenever it drafts.)"""
     said, steps, workspace, context = context_beside_workspace(0.015)
-    assert not said["after"]["drafts"] and said["lite"]["after"]["drafts"], said
+    assert said["copying"]["seen"] == 0 and said["lite"]["copying"]["drafts"], said
     assert workspace < 0.3 * steps and context > 0.8 * steps, (workspace, context, steps)
     assert steps < 0.7 * 12 * 40  # drafts accepted: about two tokens a step
 
@@ -270,7 +322,8 @@ def test_where_every_source_costs_more_than_it_brings_the_context_alone_still_dr
 def test_where_every_source_pays_but_the_context_alone_pays_more_steps_draft_lite():
     """The workspace costs half a plain step: full drafting still pays (a draft accepted a step, for about half a
     step of work), the context alone pays about twice as much, so steps draft lite and the workspace is rarely
-    asked; the output is plain's. (Judging full drafting alone kept asking the workspace on every step.)"""
+    asked; the output is plain's. (Judging full drafting alone kept asking the workspace on every step.) Once the
+    context's draft is accepted the steps are "copying", whose lite ledger alone is judged."""
     said, steps, workspace, context = context_beside_workspace(0.005)
-    assert said["after"]["drafts"] and said["lite"]["after"]["gain"] > said["after"]["gain"], said
+    assert said["copying"]["seen"] == 0 and said["lite"]["copying"]["gain"] > 0, said
     assert workspace < 0.3 * steps and context > 0.8 * steps, (workspace, context, steps)
