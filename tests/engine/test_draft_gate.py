@@ -249,10 +249,12 @@ class OneAhead(Source):
         return [p.prefix(1) for p in found]
 
 
-def context_beside_workspace(workspace_work: float) -> tuple[dict, int, int, int]:
-    """12 requests of 40 tokens drafted from a mix of a cheap context lookup that is right one token ahead and a
-    workspace lookup that is never right and costs `workspace_work` seconds (a plain step: 0.01), each output
-    checked to be plain's: (the gate's description, steps, times the workspace was asked, times the context was)."""
+def context_beside_workspace(workspace_work: float, right: type = OneAhead,
+                             requests: int = 12) -> tuple[dict, int, int, int]:
+    """`requests` requests of 40 tokens drafted from a mix of a cheap context lookup that is right (`right`: one token
+    ahead, or Source's six) and a workspace lookup that is never right and costs `workspace_work` seconds (a plain
+    step: 0.01), each output checked to be plain's: (the gate's description, steps, times the workspace was asked,
+    times the context was). The mix names the first source's proposals "context"."""
     from rest_lsp.drafting.drafts import DraftMix
 
     loaded = tiny_model("llama")
@@ -262,10 +264,10 @@ def context_beside_workspace(workspace_work: float) -> tuple[dict, int, int, int
                                                                                                 budget=0)).tokens
     decoder = Decoder(loaded)
     clock = Clock(decoder)
-    context = OneAhead(clock, prompt + plain, True, 0.0002, vocab)
+    context = right(clock, prompt + plain, True, 0.0002, vocab)
     workspace = Source(clock, [], False, workspace_work, vocab)
     steps = 0
-    for _ in range(12):
+    for _ in range(requests):
         decoder.reset()
         result = decoder.generate(prompt, DraftMix([("context", context), ("workspace", workspace)]),
                                   DecodeConfig(max_new_tokens=40, budget=8))
@@ -274,39 +276,14 @@ def context_beside_workspace(workspace_work: float) -> tuple[dict, int, int, int
     return decoder.gate.describe(), steps, workspace.asked, context.asked
 
 
-class Copied(Source):
-    """The true continuation, proposed as the context source's (a prompt lookup that is right)."""
-
-    def propose(self, context):
-        return [Proposal("context", p.match_length, p.tokens, p.parents, p.ratios) for p in super().propose(context)]
-
-
 def test_a_step_after_copying_the_context_drafts_the_context_alone():
     """After a step whose deepest accepted draft the context proposed, the next drafts the context alone: a cheap
     workspace that is never right is not asked there (its siblings would take a share of the copied chain's next
     node); the output is plain's."""
-    from rest_lsp.drafting.drafts import DraftMix
-
-    loaded = tiny_model("llama")
-    prompt = [random.Random(6).randrange(97) for _ in range(24)]
-    vocab = loaded.model.config.vocab_size
-    plain = Decoder(loaded).generate(prompt, Source(None, [], False, 0.0, vocab), DecodeConfig(max_new_tokens=40,
-                                                                                                budget=0)).tokens
-    decoder = Decoder(loaded)
-    clock = Clock(decoder)
-    context = Copied(clock, prompt + plain, True, 0.0002, vocab)
-    workspace = Source(clock, [], False, 0.0002, vocab)
-    steps = 0
-    for _ in range(6):
-        decoder.reset()
-        result = decoder.generate(prompt, DraftMix([("context", context), ("workspace", workspace)]),
-                                  DecodeConfig(max_new_tokens=40, budget=8))
-        assert result.tokens == plain
-        steps += result.steps
-    said = decoder.gate.describe()
+    said, steps, workspace, context = context_beside_workspace(0.0002, right=Source, requests=6)
     assert said["copying"]["seen"] == 0 and said["lite"]["copying"]["seen"] > 0, said  # lite alone, judged
     # the workspace asked on the requests' first steps (and rare cold ones), the context on every step
-    assert workspace.asked <= 2 * 6 and context.asked == steps, (workspace.asked, context.asked, steps)
+    assert workspace <= 2 * 6 and context == steps, (workspace, context, steps)
 
 
 def test_where_every_source_costs_more_than_it_brings_the_context_alone_still_drafts():
