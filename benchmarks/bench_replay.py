@@ -39,8 +39,8 @@ cover the other requests), first line exactly right (the suggestion's first line
 line), characters kept (the suggestion's longest common prefix with what the person wrote from the cursor on) and
 suggestions shown, tokens/step and ms/token (server stats; llama-server's own timings, one token a step; ms/token
 also as the median of the requests' own), the REST/plain and REST/llama-server ratios, REST's decode time over
-plain's per request both decoded (median and sum), and the requests whose suggestions differ between rest-lsp's
-configurations. It writes every request's record to a JSON file (with the run's date, commit and machine) and each
+plain's per request both decoded (median, with a 90% bootstrap interval, and sum), and the requests whose
+suggestions differ between rest-lsp's configurations. It writes every request's record to a JSON file (with the run's date, commit and machine) and each
 configuration's latency distribution to a PNG beside it (benchmarks/results/ by default).
 
     .venv/bin/python benchmarks/bench_replay.py [--corpus DIR ...] [--functions 4] [--lines 8] [--mode line]
@@ -97,6 +97,8 @@ COUNTERS = ("generated_tokens", "decode_steps", "decode_ms")
 # requests, and of decode_ms the drafting's share
 MORE_COUNTERS = ("prefill_tokens", "draft_ms")
 WARMUP_TEXT = "import os\n\n\ndef main():\n    "
+MIN_FOR_INTERVAL = 5  # requests both decoded that the median's bootstrap interval is printed for
+BOOTSTRAP_ROUNDS = 2000  # resamples behind that interval
 MIN_BODY_LINES = 2
 # After a configuration's turn (one function written) its server settles before the next one's turn: what it
 # computes ahead, a closed buffer indexed again (after its 0.25 s debounce), a datastore merge must not take the
@@ -679,8 +681,24 @@ def decoded_by_both(records: list[dict], mode: str, a: str = "rest", b: str = "p
              if r["config"] == b and r["mode"] == mode and r.get("decode_ms") and key_of(r) in mine]
     if not pairs:
         return None
-    return {"requests": len(pairs), "median": statistics.median(x / y for x, y in pairs),
-            "sum": sum(x for x, _ in pairs) / sum(y for _, y in pairs)}
+    ratios = [x / y for x, y in pairs]
+    out = {"requests": len(pairs), "median": statistics.median(ratios),
+           "sum": sum(x for x, _ in pairs) / sum(y for _, y in pairs)}
+    if len(ratios) >= MIN_FOR_INTERVAL:
+        out["median_interval"] = median_interval(ratios)
+    return out
+
+
+def median_interval(values: list[float], rounds: int = BOOTSTRAP_ROUNDS, coverage: float = 0.9,
+                    seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval of the median of `values`: the medians of `rounds` resamples drawn with
+    replacement (seeded), cut at (1 - coverage) / 2 on each side: how far the median moves with which requests a run
+    happens to hold."""
+    rng = random.Random(seed)
+    n = len(values)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(rounds))
+    cut = int(rounds * (1 - coverage) / 2)
+    return medians[cut], medians[rounds - 1 - cut]
 
 
 def exact_configs(configs: list[str]) -> list[str]:
@@ -754,8 +772,10 @@ def table(results: dict, configs: list[str]) -> str:
         out.append("")
         both = results.get("decoded_by_both", {}).get(mode)
         if both is not None:
+            spread = both.get("median_interval")
+            spread = f" (90% bootstrap interval {spread[0]:.2f}-{spread[1]:.2f}x)" if spread else ""
             out.append(f"Requests decoded by both rest and plain ({both['requests']}): REST's decode time over "
-                       f"plain's, median {both['median']:.2f}x, summed {both['sum']:.2f}x.")
+                       f"plain's, median {both['median']:.2f}x{spread}, summed {both['sum']:.2f}x.")
         out.append(f"Plain decoding step in this run (ms/token of the plain server): {_num(plain_step, '.1f')} ms. "
                    f"tokens/step and ms/token: {s[0]['source']}.")
         if any(c in LLAMAS for c in configs):

@@ -6,6 +6,7 @@ No server here: the benchmark itself drives the real one.
 from __future__ import annotations
 
 import random
+import statistics
 import sys
 import textwrap
 from pathlib import Path
@@ -270,6 +271,36 @@ def test_per_request_ratios_count_only_the_requests_both_decoded():
     both = decoded_by_both(records, "line")
     assert both == {"requests": 3, "median": 0.9, "sum": pytest.approx(440 / 400)}
     assert decoded_by_both(records, "typed") is None
+
+
+def test_the_median_of_enough_requests_comes_with_a_bootstrap_interval():
+    """With MIN_FOR_INTERVAL requests or more both decoded, the median's 90% bootstrap interval: seeded (the same
+    every time), around the median, within the ratios seen, narrower than their range, a point where every ratio is
+    the same; the table prints it."""
+    from benchmarks.bench_replay import MIN_FOR_INTERVAL, median_interval
+
+    ratios = [0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.3, 2.0]
+    lo, hi = median_interval(ratios)
+    assert (lo, hi) == median_interval(ratios)
+    assert 0.3 < lo < statistics.median(ratios) < hi < 2.0
+    assert median_interval([0.8] * 9) == (0.8, 0.8)
+    requests = []
+    for i, ratio in enumerate(ratios[:MIN_FOR_INTERVAL]):
+        for config, ms in (("rest", 100.0 * ratio), ("plain", 100.0)):
+            r = record(config, i, "x = 1", generated_tokens=5, decode_steps=5, decode_ms=ms)
+            r.update(ms=ms, first_after_open=i == 0, answer="model", first_line_match=False)
+            requests.append(r)
+    both = decoded_by_both(requests, "line")
+    assert both["requests"] == MIN_FOR_INTERVAL
+    assert both["median_interval"] == pytest.approx(median_interval(ratios[:MIN_FOR_INTERVAL]))
+    assert "median_interval" not in decoded_by_both(requests[:-2], "line")  # one request fewer
+    results = {"requests": requests, "processes": [], "modes": ["line"], "functions_per_corpus": 1,
+               "max_lines": 3, "plans": [{"corpus": "/x/json"}], "seed": 0, "pause_ms": 0, "max_new_tokens": 8,
+               "model": "m", "driver": "d", "load_average_before_after": [0, 0], "cpu_count": 2}
+    add_summary(results, ["rest", "plain"])
+    lo, hi = both["median_interval"]
+    assert (f"REST's decode time over plain's, median {both['median']:.2f}x (90% bootstrap interval {lo:.2f}-"
+            f"{hi:.2f}x), summed {both['sum']:.2f}x.") in table(results, ["rest", "plain"])
 
 
 def test_a_turn_ends_once_the_servers_process_is_idle():
