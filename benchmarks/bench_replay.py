@@ -45,7 +45,7 @@ configuration's latency distribution to a PNG beside it (benchmarks/results/ by 
 
     .venv/bin/python benchmarks/bench_replay.py [--corpus DIR ...] [--functions 4] [--lines 8] [--mode line]
         [--pause-ms 100] [--configs rest,plain,llama-server] [--seed 0] [--model M] [--max-new-tokens N] [--dtype T]
-        [--llama-server BIN] [--threads N] [--no-speculative]
+        [--llama-server BIN] [--threads N] [--no-speculative] [--dear-rows MS]
 """
 
 from __future__ import annotations
@@ -383,6 +383,15 @@ async def settle(pid: int) -> float:
     return time.perf_counter() - t0
 
 
+def rest_lsp_command(args: argparse.Namespace, flags: list[str]) -> list[str]:
+    """The command of a rest-lsp server: the user's, or with `--dear-rows` the same server run by
+    benchmarks/dear_rows.py (real compute added per row of a pass: a CPU whose tree rows are dear)."""
+    if not args.dear_rows:
+        return server_command(*flags)
+    return [sys.executable, str(Path(__file__).resolve().parent / "dear_rows.py"), "--row-ms", str(args.dear_rows),
+            "--", "--stdio", *flags]
+
+
 def server_flags(args: argparse.Namespace, config: str, tag: str, work: Path) -> list[str]:
     """The rest-lsp server's flags for `config`: its log, its cache folder (in this run's `work` folder, else under
     --served-before, kept between runs), the configuration's own flags and the run's model settings."""
@@ -416,7 +425,7 @@ class Replay:
         flags = server_flags(args, config, tag, work)
         replay = cls(config, corpus, mode, tag, flags, work)
         t0 = time.perf_counter()
-        replay.session = await ServerSession.start(server_command(*flags), root)
+        replay.session = await ServerSession.start(rest_lsp_command(args, flags), root)
         try:
             replay.load_s = time.perf_counter() - t0
             await replay.session.wait_indexed(1)
@@ -548,7 +557,7 @@ async def run(args: argparse.Namespace) -> dict:
         "device": "server default (cpu here)", "dtype": args.dtype or "server default", "cpu_count": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
         "seed": args.seed, "functions_per_corpus": args.functions, "max_lines": args.lines, "modes": modes,
-        "served_before": str(args.served_before) if args.served_before else None,
+        "served_before": str(args.served_before) if args.served_before else None, "dear_rows_ms": args.dear_rows,
         "pause_ms": args.pause_ms, "max_new_tokens": args.max_new_tokens or "server default",
         "configs": {c: list(CONFIGS[c]) for c in args.configs}, "plans": plans, "threads": args.threads,
         "llama_vim_speculative": not args.no_speculative if set(LLAMAS) & set(args.configs) else None,
@@ -731,6 +740,9 @@ def table(results: dict, configs: list[str]) -> str:
            f"{results['max_lines']} lines per corpus ({corpora}), seed {results['seed']}, pause "
            f"{results['pause_ms']} ms, max new tokens {results['max_new_tokens']}; {results['model']}; "
            f"{results['driver']}."]
+    if results.get("dear_rows_ms"):
+        out[0] += (f" Rows made dear: every rest-lsp pass did about {results['dear_rows_ms']:g} ms more compute a row "
+                   "past the first (benchmarks/dear_rows.py).")
     ratios = [(a, b) for a, b in (("rest", "plain"), *(("rest", c) for c in LLAMAS)) if a in configs and b in configs]
     for mode, per in results["summary"].items():
         s = [per[c] for c in configs]
@@ -858,6 +870,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the servers' cache folders under DIR, kept between runs: a server that has served "
                              "before (its acceptance tables, learned step costs and draft gate, keyed by model, mode "
                              "and machine), as a person's server after its first session; default: fresh ones")
+    parser.add_argument("--dear-rows", type=float, default=0, metavar="MS",
+                        help="every rest-lsp server does about MS milliseconds more compute a row past the first of "
+                             "each pass (benchmarks/dear_rows.py: a CPU whose tree rows are dear); default 0")
     parser.add_argument("--out", type=Path, default=RESULTS / "replay.json",
                         help="the JSON of all requests; the PNG goes beside it")
     args = parser.parse_args(argv)
@@ -874,8 +889,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     missing = [str(c) for c in args.corpus if not c.is_dir()]
     if missing:
         parser.error(f"--corpus: not a folder: {', '.join(missing)}")
-    if args.functions < 1 or args.lines < 1 or args.pause_ms < 0:
-        parser.error("--functions and --lines must be at least 1, --pause-ms at least 0.")
+    if args.functions < 1 or args.lines < 1 or args.pause_ms < 0 or args.dear_rows < 0:
+        parser.error("--functions and --lines must be at least 1, --pause-ms and --dear-rows at least 0.")
     return args
 
 
