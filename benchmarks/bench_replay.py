@@ -40,8 +40,9 @@ line), characters kept (the suggestion's longest common prefix with what the per
 suggestions shown, tokens/step and ms/token (server stats; llama-server's own timings, one token a step; ms/token
 also as the median of the requests' own), the REST/plain and REST/llama-server ratios, REST's decode time over
 plain's per request both decoded (median, with a 90% bootstrap interval, and sum), and the requests whose
-suggestions differ between rest-lsp's configurations. It writes every request's record to a JSON file (with the run's date, commit and machine) and each
-configuration's latency distribution to a PNG beside it (benchmarks/results/ by default).
+suggestions differ between rest-lsp's configurations. It writes every request's record to a JSON file (with the
+run's date, commit and machine) and each configuration's latency distribution to a PNG beside it
+(benchmarks/results/ by default).
 
     .venv/bin/python benchmarks/bench_replay.py [--corpus DIR ...] [--functions 4] [--lines 8] [--mode line]
         [--pause-ms 100] [--configs rest,plain,llama-server] [--seed 0] [--model M] [--max-new-tokens N] [--dtype T]
