@@ -32,7 +32,7 @@ from rest_lsp.engine.lean_llama import KVCache, LeanLlama, unsupported
 from rest_lsp.engine.model import LoadedModel, ModelLoadError, cache_root
 from rest_lsp.engine.runmode import run_mode
 from rest_lsp.engine import step_cost
-from rest_lsp.engine.draft_gate import FULL, LITE, DraftGate
+from rest_lsp.engine.draft_gate import COLD, COPYING, FULL, LITE, DraftGate
 from rest_lsp.engine.step_cost import StepCosts, seed_from_two
 from rest_lsp.engine.step_threads import StepThreads
 from rest_lsp.kernels import logit_scan
@@ -219,6 +219,10 @@ TOPK_BLOCK = 128  # logits per block in `top_successors`' first pass
 
 
 LITE_SOURCES = frozenset({ContextLookup.name})  # what a lite step asks (draft_gate: the cheapest source)
+# A step after one that accepted nothing is "copying" (draft_gate) where the context's match is at least this long:
+# its last tokens stand in the prompt already, and the model is likely writing them again (acceptance.LONG_MATCH's
+# bucket, 5-8 tokens). Otherwise, where cold steps do not pay, a plain step never leads into copying.
+ECHO_MATCH = 5
 
 
 def top_successors(logits: torch.Tensor, k: int = SUCCESSORS) -> tuple[list[list[int]], list[list[float]]]:
@@ -898,14 +902,19 @@ class Decoder:
             # draft: a tree of every source or of the context alone, whichever has gained more in this situation
             # (while it pays), else the root alone (a plain step)
             situation = DraftGate.situation(steps == 0, accepted_drafts, copying)
+            work_s = self.clock()
+            echo = self._echo(seq, drafts, mix, config) if situation == COLD else None
+            if echo is not None:
+                situation = COPYING
             self._follow_threads()  # one step chooses, records and judges on one count's curve
             kind = (None if config.budget <= 0 else FULL if not config.fit_to_cost
                     else self.gate.kind(situation, lite=mix is not None))
             drafting = kind is not None
-            work_s = self.clock()
             lite = mix if kind == LITE else None
             trust = FIRST_TREE_TRUST if steps == 0 else 1.0
-            tree = self._draft(seq, drafts, config, clock, lite, len(chain), trust) if drafting else self._root(seq)
+            found = echo if kind == LITE else None
+            tree = (self._draft(seq, drafts, config, clock, lite, len(chain), trust, found) if drafting
+                    else self._root(seq))
             work_s = self.clock() - work_s
             # verify and accept: one pass, the longest agreed path
             if self.threads is not None:
@@ -960,22 +969,38 @@ class Decoder:
             return self.costs
         return self._costs_by_threads.get(self.threads.counts[0], self.costs)
 
+    @staticmethod
+    def _echo(seq: list[int], drafts: DraftSource, mix: DraftMix | None,
+              config: DecodeConfig) -> list[Proposal] | None:
+        """The context's proposals after `seq` where its match is at least ECHO_MATCH tokens long (the step is
+        "copying"), else None; None too where steps are not gated or there is no mix to narrow."""
+        if mix is None or config.budget <= 0 or not config.fit_to_cost:
+            return None
+        mix.only = LITE_SOURCES
+        try:
+            found = propose(drafts, seq)
+        finally:
+            mix.only = None
+        return found if max((p.match_length for p in found), default=0) >= ECHO_MATCH else None
+
     def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers",
-               lite: DraftMix | None = None, under: int = 0, trust: float = 1.0) -> DraftTree:
-        """The sources' proposals after `seq` (with `lite`, that mix's LITE_SOURCES alone), merged into one tree
-        rooted at its last token and cut to what pays, its nodes' shares weighed at `trust` (above a prompt tail of
-        `under` rows: what it adds to that pass)."""
+               lite: DraftMix | None = None, under: int = 0, trust: float = 1.0,
+               found: list[Proposal] | None = None) -> DraftTree:
+        """The sources' proposals after `seq` (with `lite`, that mix's LITE_SOURCES alone; `found`: those, asked
+        already), merged into one tree rooted at its last token and cut to what pays, its nodes' shares weighed at
+        `trust` (above a prompt tail of `under` rows: what it adds to that pass)."""
         t = time.perf_counter()
+        if found is None:
+            if lite is not None:
+                lite.only = LITE_SOURCES
+            try:
+                found = propose(drafts, seq) if config.budget > 0 else []
+            finally:
+                if lite is not None:
+                    lite.only = None
         # a tree keeps `budget` nodes: a proposal's nodes past its `budget` likeliest would not be kept, and each
         # costs the merge's Python work
-        if lite is not None:
-            lite.only = LITE_SOURCES
-        try:
-            found = [p.prefix(config.budget) for p in propose(drafts, seq)] if config.budget > 0 else []
-        finally:
-            if lite is not None:
-                lite.only = None
-        proposals = self._usable(found, len(seq))
+        proposals = self._usable([p.prefix(config.budget) for p in found], len(seq))
         tree = build_tree(seq[-1], proposals, config.budget, self.acceptance)
         if config.fit_to_cost:
             tree = self.costs.choose(tree, under, trust)

@@ -13,7 +13,8 @@ Gains are averaged per SITUATION, as acceptance runs in streaks and a request's 
 meets drafts of its own (the output the model wrote there a moment ago, the start a prompt holds back):
 - "first": the first step of a request;
 - "copying": a step after one whose deepest accepted draft the context source proposed (the output is copying text
-  the prompt holds);
+  the prompt holds), or after one that accepted nothing where the context's match is long (decoding.ECHO_MATCH: the
+  last tokens stand in the prompt already; without it, where cold steps are plain, copying would begin unseen);
 - "after": a step after one that accepted other drafts;
 - "cold": a step after one that accepted none.
 A situation drafts while its average gain is at least 0 (and until MIN_SEEN drafted steps have been seen); below 0
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 
 SITUATIONS = ("first", "copying", "after", "cold")
 COPYING = "copying"  # drafts lite alone (above)
+COLD = "cold"
 KEPT_BEFORE = ("first", "after", "cold")  # what a gate kept before "copying": such a file starts that one afresh
 FULL, LITE = "full", "lite"  # how a step drafts: every source, or the context alone
 ALPHA = 1 / 16  # least weight of the newest gain in a situation's average (a plain mean of the first 16)
@@ -72,7 +74,7 @@ class DraftGate:
         deepest of them the context's when `copying`)."""
         if first:
             return "first"
-        return "cold" if accepted_drafts <= 0 else COPYING if copying else "after"
+        return COLD if accepted_drafts <= 0 else COPYING if copying else "after"
 
     def paying(self, situation: str) -> bool:
         """Whether full drafting pays in `situation` (yes until judged)."""

@@ -304,3 +304,37 @@ def test_where_every_source_pays_but_the_context_alone_pays_more_steps_draft_lit
     said, steps, workspace, context = context_beside_workspace(0.005)
     assert said["copying"]["seen"] == 0 and said["lite"]["copying"]["gain"] > 0, said
     assert workspace < 0.3 * steps and context > 0.8 * steps, (workspace, context, steps)
+
+
+class Matching:
+    """A context source that is always wrong (random tokens, never the model's) and claims a match of
+    `match_length` tokens: what it proposes is never accepted, so every step after the first follows a miss."""
+
+    def __init__(self, match_length: int, vocab: int):
+        self.match_length, self.vocab, self.rnd = match_length, vocab, random.Random(1)
+
+    def propose(self, context):
+        chain = tuple(self.rnd.randrange(self.vocab) for _ in range(4))
+        return [Proposal("src", self.match_length, chain, tuple(range(-1, 3)), (1.0,) * 4)]
+
+
+@pytest.mark.parametrize("longer", [0, 1])
+def test_a_step_after_a_miss_where_the_context_matches_long_is_copying(longer):
+    """A step after one that accepted nothing is "copying" (lite alone, its own ledger) where the context's match is
+    at least ECHO_MATCH tokens long, "cold" where it is shorter; the output is plain's either way."""
+    from rest_lsp.drafting.drafts import DraftMix
+    from rest_lsp.engine.decoding import ECHO_MATCH
+
+    loaded = tiny_model("llama")
+    prompt = [random.Random(6).randrange(97) for _ in range(24)]
+    vocab = loaded.model.config.vocab_size
+    plain = Decoder(loaded).generate(prompt, Source(None, [], False, 0.0, vocab), DecodeConfig(max_new_tokens=24,
+                                                                                                budget=0)).tokens
+    decoder = Decoder(loaded)
+    clock = Clock(decoder)
+    match = ECHO_MATCH - 1 + longer
+    mix = DraftMix([("context", Matching(match, vocab)), ("workspace", Source(clock, [], False, 0.0, vocab))])
+    assert decoder.generate(prompt, mix, DecodeConfig(max_new_tokens=24, budget=8)).tokens == plain
+    said = decoder.gate.describe()
+    echoed, cold = said["lite"]["copying"]["seen"], said["cold"]["seen"] + said["lite"]["cold"]["seen"]
+    assert (echoed > 0 and cold == 0) if longer else (echoed == 0 and cold > 0), said
