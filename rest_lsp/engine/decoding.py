@@ -902,20 +902,22 @@ class Decoder:
             # draft: a tree of every source or of the context alone, whichever has gained more in this situation
             # (while it pays), else the root alone (a plain step)
             situation = DraftGate.situation(steps == 0, accepted_drafts, copying)
-            work_s = self.clock()
-            echo = self._echo(seq, drafts, mix, config) if situation == COLD else None
-            if echo is not None:
+            echo, echo_s = self._echo(seq, drafts, mix, config) if situation == COLD else (None, 0.0)
+            if echo and max(p.match_length for p in echo) >= ECHO_MATCH:
                 situation = COPYING
             self._follow_threads()  # one step chooses, records and judges on one count's curve
             kind = (None if config.budget <= 0 else FULL if not config.fit_to_cost
                     else self.gate.kind(situation, lite=mix is not None))
             drafting = kind is not None
+            work_s = self.clock()
             lite = mix if kind == LITE else None
             trust = FIRST_TREE_TRUST if steps == 0 else 1.0
-            found = echo if kind == LITE else None
+            found = echo if kind == LITE else None  # the context's proposals, asked already, make a lite tree
             tree = (self._draft(seq, drafts, config, clock, lite, len(chain), trust, found) if drafting
                     else self._root(seq))
-            work_s = self.clock() - work_s
+            asked_s = echo_s if found is not None else 0.0  # the asking is then this step's drafting work
+            clock.draft += asked_s
+            work_s = self.clock() - work_s + asked_s
             # verify and accept: one pass, the longest agreed path
             if self.threads is not None:
                 self.threads.apply()
@@ -969,19 +971,20 @@ class Decoder:
             return self.costs
         return self._costs_by_threads.get(self.threads.counts[0], self.costs)
 
-    @staticmethod
-    def _echo(seq: list[int], drafts: DraftSource, mix: DraftMix | None,
-              config: DecodeConfig) -> list[Proposal] | None:
-        """The context's proposals after `seq` where its match is at least ECHO_MATCH tokens long (the step is
-        "copying"), else None; None too where steps are not gated or there is no mix to narrow."""
+    def _echo(self, seq: list[int], drafts: DraftSource, mix: DraftMix | None,
+              config: DecodeConfig) -> tuple[list[Proposal] | None, float]:
+        """(the context's proposals after `seq`, the seconds asking took): what tells a step after a miss that the
+        output is copying (a match of ECHO_MATCH tokens or more), and a lite tree's proposals; (None, 0.0) where
+        steps are not gated or there is no mix to narrow."""
         if mix is None or config.budget <= 0 or not config.fit_to_cost:
-            return None
+            return None, 0.0
+        started = self.clock()
         mix.only = LITE_SOURCES
         try:
             found = propose(drafts, seq)
         finally:
             mix.only = None
-        return found if max((p.match_length for p in found), default=0) >= ECHO_MATCH else None
+        return found, self.clock() - started
 
     def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers",
                lite: DraftMix | None = None, under: int = 0, trust: float = 1.0,

@@ -307,21 +307,26 @@ def test_where_every_source_pays_but_the_context_alone_pays_more_steps_draft_lit
 
 
 class Matching:
-    """A context source that is always wrong (random tokens, never the model's) and claims a match of
-    `match_length` tokens: what it proposes is never accepted, so every step after the first follows a miss."""
+    """A context source that is always wrong (tokens the model does not write: none of `written`) and claims a match
+    of `match_length` tokens: what it proposes is never accepted, so every step after the first follows a miss;
+    `asked` counts its proposals."""
 
-    def __init__(self, match_length: int, vocab: int):
-        self.match_length, self.vocab, self.rnd = match_length, vocab, random.Random(1)
+    def __init__(self, match_length: int, vocab: int, written: list[int]):
+        self.match_length, self.rnd = match_length, random.Random(1)
+        self.tokens = [t for t in range(vocab) if t not in set(written)]
+        self.asked = 0
 
     def propose(self, context):
-        chain = tuple(self.rnd.randrange(self.vocab) for _ in range(4))
+        self.asked += 1
+        chain = tuple(self.rnd.choice(self.tokens) for _ in range(4))
         return [Proposal("src", self.match_length, chain, tuple(range(-1, 3)), (1.0,) * 4)]
 
 
 @pytest.mark.parametrize("longer", [0, 1])
 def test_a_step_after_a_miss_where_the_context_matches_long_is_copying(longer):
     """A step after one that accepted nothing is "copying" (lite alone, its own ledger) where the context's match is
-    at least ECHO_MATCH tokens long, "cold" where it is shorter; the output is plain's either way."""
+    at least ECHO_MATCH tokens long, "cold" where it is shorter; the output is plain's either way, and a lite step
+    asks the context once."""
     from rest_lsp.drafting.drafts import DraftMix
     from rest_lsp.engine.decoding import ECHO_MATCH
 
@@ -332,9 +337,14 @@ def test_a_step_after_a_miss_where_the_context_matches_long_is_copying(longer):
                                                                                                 budget=0)).tokens
     decoder = Decoder(loaded)
     clock = Clock(decoder)
-    match = ECHO_MATCH - 1 + longer
-    mix = DraftMix([("context", Matching(match, vocab)), ("workspace", Source(clock, [], False, 0.0, vocab))])
-    assert decoder.generate(prompt, mix, DecodeConfig(max_new_tokens=24, budget=8)).tokens == plain
+    context = Matching(ECHO_MATCH - 1 + longer, vocab, plain)
+    workspace = Source(clock, [], False, 0.0, vocab)
+    mix = DraftMix([("context", context), ("workspace", workspace)])
+    result = decoder.generate(prompt, mix, DecodeConfig(max_new_tokens=24, budget=8))
+    assert result.tokens == plain
     said = decoder.gate.describe()
     echoed, cold = said["lite"]["copying"]["seen"], said["cold"]["seen"] + said["lite"]["cold"]["seen"]
     assert (echoed > 0 and cold == 0) if longer else (echoed == 0 and cold > 0), said
+    # asked once a step, and once more by each full step (every source; it asks the workspace too): a lite step's
+    # tree is built from the proposals that told its situation
+    assert context.asked <= result.steps + workspace.asked, (context.asked, result.steps, workspace.asked)
