@@ -219,9 +219,10 @@ TOPK_BLOCK = 128  # logits per block in `top_successors`' first pass
 
 
 LITE_SOURCES = frozenset({ContextLookup.name})  # what a lite step asks (draft_gate: the cheapest source)
-# A step after one that accepted nothing is "copying" (draft_gate) where the context's match is at least this long:
-# its last tokens stand in the prompt already, and the model is likely writing them again (acceptance.LONG_MATCH's
-# bucket, 5-8 tokens). Otherwise, where cold steps do not pay, a plain step never leads into copying.
+# A step after one that accepted nothing, where such steps do not draft, is "copying" (draft_gate) where the
+# context's match is at least this long: its last tokens stand in the prompt already, and the model is likely
+# writing them again (acceptance.LONG_MATCH's bucket, 5-8 tokens). Otherwise a plain step never leads into copying.
+# Where steps after a miss draft, they keep their kind: another source may know the text (the model's own output).
 ECHO_MATCH = 5
 
 
@@ -902,12 +903,17 @@ class Decoder:
             # draft: a tree of every source or of the context alone, whichever has gained more in this situation
             # (while it pays), else the root alone (a plain step)
             situation = DraftGate.situation(steps == 0, accepted_drafts, copying)
-            echo, echo_s = self._echo(seq, drafts, mix, config) if situation == COLD else (None, 0.0)
-            if echo and max(p.match_length for p in echo) >= ECHO_MATCH:
-                situation = COPYING
             self._follow_threads()  # one step chooses, records and judges on one count's curve
             kind = (None if config.budget <= 0 else FULL if not config.fit_to_cost
                     else self.gate.kind(situation, lite=mix is not None))
+            # a step after a miss that would not draft, or drafts the context alone, asks the context first: where
+            # its match is long the output is copying (ECHO_MATCH), and a lite tree is built from what it said
+            echo, echo_s = (None, 0.0)
+            if situation == COLD and kind != FULL:
+                echo, echo_s = self._echo(seq, drafts, mix, config)
+            if kind is None and echo and max(p.match_length for p in echo) >= ECHO_MATCH:
+                situation = COPYING
+                kind = self.gate.kind(situation, lite=True)
             drafting = kind is not None
             work_s = self.clock()
             lite = mix if kind == LITE else None

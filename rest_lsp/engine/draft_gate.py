@@ -13,8 +13,8 @@ Gains are averaged per SITUATION, as acceptance runs in streaks and a request's 
 meets drafts of its own (the output the model wrote there a moment ago, the start a prompt holds back):
 - "first": the first step of a request;
 - "copying": a step after one whose deepest accepted draft the context source proposed (the output is copying text
-  the prompt holds), or after one that accepted nothing where the context's match is long (decoding.ECHO_MATCH: the
-  last tokens stand in the prompt already; without it, where cold steps are plain, copying would begin unseen);
+  the prompt holds), or after one that accepted nothing where "cold" steps are plain and the context's match is
+  long (decoding.ECHO_MATCH: the last tokens stand in the prompt already; else copying would begin unseen);
 - "after": a step after one that accepted other drafts;
 - "cold": a step after one that accepted none.
 A situation drafts while its average gain is at least 0 (and until MIN_SEEN drafted steps have been seen); below 0
