@@ -226,6 +226,17 @@ LITE_SOURCES = frozenset({ContextLookup.name})  # what a lite step asks (draft_g
 ECHO_MATCH = 5
 
 
+def _asked(drafts: DraftSource, seq: Sequence[int], lite: DraftMix | None = None) -> list[Proposal]:
+    """The proposals after `seq` of every source of `drafts`, or with `lite` (its mix) of LITE_SOURCES alone."""
+    if lite is None:
+        return propose(drafts, seq)
+    lite.only = LITE_SOURCES
+    try:
+        return propose(drafts, seq)
+    finally:
+        lite.only = None
+
+
 def top_successors(logits: torch.Tensor, k: int = SUCCESSORS) -> tuple[list[list[int]], list[list[float]]]:
     """Per row of logits [n, V]: its k likeliest tokens, likeliest first, and their softmax probabilities.
 
@@ -985,11 +996,7 @@ class Decoder:
         if mix is None or config.budget <= 0 or not config.fit_to_cost:
             return None, 0.0
         started = self.clock()
-        mix.only = LITE_SOURCES
-        try:
-            found = propose(drafts, seq)
-        finally:
-            mix.only = None
+        found = _asked(drafts, seq, mix)
         return found, self.clock() - started
 
     def _draft(self, seq: list[int], drafts: DraftSource, config: DecodeConfig, clock: "Timers",
@@ -1000,13 +1007,7 @@ class Decoder:
         `trust` (above a prompt tail of `under` rows: what it adds to that pass)."""
         t = time.perf_counter()
         if found is None:
-            if lite is not None:
-                lite.only = LITE_SOURCES
-            try:
-                found = propose(drafts, seq) if config.budget > 0 else []
-            finally:
-                if lite is not None:
-                    lite.only = None
+            found = _asked(drafts, seq, lite) if config.budget > 0 else []
         # a tree keeps `budget` nodes: a proposal's nodes past its `budget` likeliest would not be kept, and each
         # costs the merge's Python work
         proposals = self._usable([p.prefix(config.budget) for p in found], len(seq))
