@@ -249,6 +249,18 @@ class OneAhead(Source):
         return [p.prefix(1) for p in found]
 
 
+def timed_beside_plain(new_tokens: int) -> tuple[list[int], int, list[int], Decoder, Clock]:
+    """The tiny llama model's prompt of 24 tokens: (the prompt, the vocabulary's size, the `new_tokens` plain decoding
+    writes after it, a fresh decoder on the model, the fake clock its steps run on)."""
+    loaded = tiny_model("llama")
+    prompt = [random.Random(6).randrange(97) for _ in range(24)]
+    vocab = loaded.model.config.vocab_size
+    plain = Decoder(loaded).generate(prompt, Source(None, [], False, 0.0, vocab),
+                                     DecodeConfig(max_new_tokens=new_tokens, budget=0)).tokens
+    decoder = Decoder(loaded)
+    return prompt, vocab, plain, decoder, Clock(decoder)
+
+
 def context_beside_workspace(workspace_work: float, right: type = OneAhead,
                              requests: int = 12) -> tuple[dict, int, int, int]:
     """`requests` requests of 40 tokens drafted from a mix of a cheap context lookup that is right (`right`: one token
@@ -257,13 +269,7 @@ def context_beside_workspace(workspace_work: float, right: type = OneAhead,
     times the context was). The mix names the first source's proposals "context"."""
     from rest_lsp.drafting.drafts import DraftMix
 
-    loaded = tiny_model("llama")
-    prompt = [random.Random(6).randrange(97) for _ in range(24)]
-    vocab = loaded.model.config.vocab_size
-    plain = Decoder(loaded).generate(prompt, Source(None, [], False, 0.0, vocab), DecodeConfig(max_new_tokens=40,
-                                                                                                budget=0)).tokens
-    decoder = Decoder(loaded)
-    clock = Clock(decoder)
+    prompt, vocab, plain, decoder, clock = timed_beside_plain(40)
     context = right(clock, prompt + plain, True, 0.0002, vocab)
     workspace = Source(clock, [], False, workspace_work, vocab)
     steps = 0
@@ -330,13 +336,7 @@ def test_a_step_after_a_miss_where_the_context_matches_long_is_copying(longer):
     from rest_lsp.drafting.drafts import DraftMix
     from rest_lsp.engine.decoding import ECHO_MATCH
 
-    loaded = tiny_model("llama")
-    prompt = [random.Random(6).randrange(97) for _ in range(24)]
-    vocab = loaded.model.config.vocab_size
-    plain = Decoder(loaded).generate(prompt, Source(None, [], False, 0.0, vocab), DecodeConfig(max_new_tokens=64,
-                                                                                                budget=0)).tokens
-    decoder = Decoder(loaded)
-    clock = Clock(decoder)
+    prompt, vocab, plain, decoder, clock = timed_beside_plain(64)
     context = Matching(ECHO_MATCH - 1 + longer, vocab, plain)
     workspace = Source(clock, [], False, 0.0, vocab)
     mix = DraftMix([("context", context), ("workspace", workspace)])
