@@ -6,7 +6,8 @@ a few seconds, on a KV cache of its own, and kept as JSON under the cache folder
 
 Safe to run in a background thread while the decoder serves: it never touches the decoder's KV cache. It does
 share the model's weights and the machine's cores, so the timings are only worth keeping when nothing else runs
-(the caller passes `should_stop` to abandon a measurement when a request arrives).
+(the caller passes `should_stop` to abandon a measurement when a request arrives; rounds that disagree, or threads
+the OS preempted often, mark a measurement used but not kept).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ CONTEXT = 384  # cached tokens under each step: a typical completion prompt
 REPEATS = 3  # medians of this many rounds, after one warm-up round
 MAX_SECONDS = 10.0  # no new round starts after this long: a slow model or a busy machine gets fewer rounds
 NOISE_LIMIT = 1.5  # rounds further apart than this (median over sizes of slowest / fastest) are not kept
+# Involuntary context switches a second, per thread timing steps, above which a measurement's cores were shared:
+# the OS took them for other work mid-step. A steady competitor slows every size alike, so the rounds agree and
+# NOISE_LIMIT passes them, while the curve is not this machine's. A quiet machine preempts a measuring thread a few
+# dozen times a second at most; one busy process beside it, some five times as often (docs/LOG.md, 2026-12-07 (Zen 4)).
+BUSY_SWITCHES = 40
 # Bumped when what is timed changes (e.g. a new step implementation): older files are then re-measured.
 # 2: the decoder's own step (lean engine or transformers), head included; 3: with no other thread of the process
 # holding OpenMP workers (before, a datastore's suffix sort in another thread could make libgomp stop spin-waiting,
@@ -153,6 +159,36 @@ def measure_step_times(
 
 def medians(times: dict[int, list[float]]) -> dict[int, float]:
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _preemptions() -> int | None:
+    """This process's involuntary context switches so far (its threads preempted for other work); None where the OS
+    does not count them."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
+class Preemptions:
+    """Started before a measurement; `shared(threads)` after it says whether the OS preempted this process's threads
+    more than BUSY_SWITCHES times a second for each of the `threads` timing steps: cores shared with other work."""
+
+    def __init__(self) -> None:
+        self.count, self.start = _preemptions(), time.perf_counter()
+
+    def rate(self) -> float | None:
+        """Preemptions a second since the start; None where they are not counted."""
+        now, seconds = _preemptions(), time.perf_counter() - self.start
+        if self.count is None or now is None or seconds <= 0:
+            return None
+        return (now - self.count) / seconds
+
+    def shared(self, threads: int, rate: float | None = None) -> bool:
+        """Whether the rate (now, or the `rate` read before) is above the limit for `threads` threads."""
+        rate = self.rate() if rate is None else rate
+        return rate is not None and rate > BUSY_SWITCHES * max(1, threads)
 
 
 def too_noisy(times: dict[int, list[float]], limit: float = NOISE_LIMIT) -> bool:
@@ -287,13 +323,18 @@ def calibrate(
     if ms is None:
         vocab = int(getattr(model.config, "vocab_size", 1000))
         max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+        watch = Preemptions()
         times = measure_step_times(step_timer, vocab, max_context, should_stop=should_stop, **measure_kw)
+        rate = watch.rate()
+        shared = watch.shared(torch.get_num_threads(), rate)
         ms, source = medians(times), "measured"
         cut_short = min(map(len, times.values())) < measure_kw.get("repeats", REPEATS)
-        if cut_short or too_noisy(times):
+        if cut_short or too_noisy(times) or shared:
             # better than the constants of another machine for now, but not worth keeping: next start measures again
             log.info("Step-cost timings %s (busy cores?); using them without keeping them.",
-                     "ran out of time" if cut_short else f"varied by more than {NOISE_LIMIT}x between rounds")
+                     "ran out of time" if cut_short else
+                     f"were preempted {rate:.0f} times a second" if shared else
+                     f"varied by more than {NOISE_LIMIT}x between rounds")
             path = None
         elif not write_cached(path, key, ms):
             path = None

@@ -145,9 +145,10 @@ def _weights(model: torch.nn.Module, name: str, rule: RunMode) -> tuple[torch.nn
 @torch.no_grad()  # not inference mode: the lean engine's fused weights become the model's own parameters
 def time_mode(model: torch.nn.Module, packing: str, rounds: int = ROUNDS) -> tuple[Timing, bool]:
     """(the medians of the lean engine's timings on `model`'s weights in `packing`, whether its rounds disagree by
-    more than NOISE_LIMIT). The steps are timed by calibration's one step timer (`measure_step_times`: sizes taking
-    turns, a warm-up round dropped, each step run twice and the second timed); a step is the forward pass over its
-    tokens and the head over their rows, on a cache of PREFILL random tokens whose prefill is timed too."""
+    more than NOISE_LIMIT or the OS preempted its threads often: calibration.Preemptions). The steps are timed by
+    calibration's one step timer (`measure_step_times`: sizes taking turns, a warm-up round dropped, each step run
+    twice and the second timed); a step is the forward pass over its tokens and the head over their rows, on a cache
+    of PREFILL random tokens whose prefill is timed too."""
     from rest_lsp.engine.lean_llama import LeanLlama, unsupported
 
     if (why := unsupported(model)) is not None:
@@ -172,12 +173,14 @@ def time_mode(model: torch.nn.Module, packing: str, rounds: int = ROUNDS) -> tup
 
         return run
 
+    watch = calibration.Preemptions()
     times = calibration.measure_step_times(step_timer, vocab, max_context, sizes=(1, TREE), context=PREFILL,
                                            repeats=rounds, max_seconds=math.inf)
+    shared = watch.shared(torch.get_num_threads())
     one, tree = times[1], times[TREE]
     spread = max(max(v) / min(v) for v in (one, tree))
     timing = Timing(statistics.median(one), statistics.median(tree), statistics.median(prefills))
-    return timing, rounds > 1 and spread > NOISE_LIMIT
+    return timing, (rounds > 1 and spread > NOISE_LIMIT) or shared
 
 
 def measure(model: torch.nn.Module, names: list[str], rule: RunMode) -> tuple[dict[str, Timing], bool]:

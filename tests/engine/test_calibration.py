@@ -25,6 +25,14 @@ from support import tiny_folder, tiny_model
 
 # Small and quick on a tiny model: what is tested is the plumbing, not the numbers.
 QUICK = dict(sizes=(1, 2, 4, 8), context=48, repeats=1)
+READ_PREEMPTIONS = calibration._preemptions
+
+
+@pytest.fixture(autouse=True)
+def _cores_of_our_own(monkeypatch):
+    """The suite's workers share the cores, so the OS preempts a measuring test often: these tests check what is
+    kept and read, so each counts no preemption; the busy-cores tests set their own count or read the real one."""
+    monkeypatch.setattr(calibration, "_preemptions", lambda: 0)
 
 
 @pytest.fixture
@@ -445,6 +453,46 @@ def test_a_noisy_measurement_is_used_but_not_kept(decoder, tmp_path, monkeypatch
     assert decoder.step_cost is found.curve
     _, path = _key_path(decoder, tmp_path)
     assert not path.exists()  # the next start measures again
+
+
+def test_a_measurement_whose_threads_were_preempted_often_is_used_but_not_kept(decoder, tmp_path, monkeypatch):
+    """Rounds that agree (a steady competitor slows every size alike, and one round is always trusted), but threads
+    the OS preempted far more than BUSY_SWITCHES times a second: used now, not kept; a quiet measurement is."""
+    import itertools
+
+    counts = itertools.count(0, 10**6)
+    monkeypatch.setattr(calibration, "_preemptions", lambda: next(counts))
+    found = decoder.calibrate(tmp_path, **QUICK)
+    assert found.source == "measured" and found.path is None and decoder.step_cost is found.curve
+    assert not _key_path(decoder, tmp_path)[1].exists()  # the next start measures again
+    monkeypatch.setattr(calibration, "_preemptions", lambda: 0)
+    again = decoder.calibrate(tmp_path, **QUICK)
+    assert again.source == "measured" and again.path is not None and again.path.is_file()
+
+
+def test_a_thread_beside_busy_processes_on_every_core_is_preempted_often(monkeypatch):
+    """What the busy-cores check reads: a thread spinning while busy processes hold every core (twice over) is
+    preempted more than BUSY_SWITCHES times a second."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setattr(calibration, "_preemptions", READ_PREEMPTIONS)
+    if READ_PREEMPTIONS() is None:
+        pytest.skip("this OS does not count involuntary context switches")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        time.sleep(0.3)  # they start
+        watch = calibration.Preemptions()
+        end = time.perf_counter() + 1.0
+        while time.perf_counter() < end:
+            pass
+        assert watch.rate() > calibration.BUSY_SWITCHES and watch.shared(1)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
 
 
 def test_a_measurement_cut_short_by_its_time_limit_is_used_but_not_kept(decoder, tmp_path):
