@@ -40,8 +40,10 @@ MAX_SECONDS = 10.0  # no new round starts after this long: a slow model or a bus
 NOISE_LIMIT = 1.5  # rounds further apart than this (median over sizes of slowest / fastest) are not kept
 # Involuntary context switches a second, per thread timing steps, above which a measurement's cores were shared:
 # the OS took them for other work mid-step. A steady competitor slows every size alike, so the rounds agree and
-# NOISE_LIMIT passes them, while the curve is not this machine's. A quiet machine preempts a measuring thread a few
-# dozen times a second at most; one busy process beside it, some five times as often (docs/LOG.md, 2026-12-07 (Zen 4)).
+# NOISE_LIMIT passes them, while the curve is not this machine's. A quiet 2-core machine preempted each measuring
+# thread about 17 times a second; one busy process beside them, about five times as often (docs/LOG.md, 2026-12-07
+# (Zen 4)). The count is the whole process's: a thread of its own that the steps' threads preempt counts too (its
+# cores were not the measurement's alone either). CPU steps only: a GPU's curve is the device's.
 BUSY_SWITCHES = 40
 # Bumped when what is timed changes (e.g. a new step implementation): older files are then re-measured.
 # 2: the decoder's own step (lean engine or transformers), head included; 3: with no other thread of the process
@@ -172,8 +174,7 @@ def _preemptions() -> int | None:
 
 
 class Preemptions:
-    """Started before a measurement; `shared(threads)` after it says whether the OS preempted this process's threads
-    more than BUSY_SWITCHES times a second for each of the `threads` timing steps: cores shared with other work."""
+    """Started before a measurement; `rate()` after it: how often the OS preempted this process's threads."""
 
     def __init__(self) -> None:
         self.count, self.start = _preemptions(), time.perf_counter()
@@ -185,10 +186,11 @@ class Preemptions:
             return None
         return (now - self.count) / seconds
 
-    def shared(self, threads: int, rate: float | None = None) -> bool:
-        """Whether the rate (now, or the `rate` read before) is above the limit for `threads` threads."""
-        rate = self.rate() if rate is None else rate
-        return rate is not None and rate > BUSY_SWITCHES * max(1, threads)
+
+def shared_cores(rate: float | None, threads: int) -> bool:
+    """Whether a measurement whose process was preempted `rate` times a second (None: not counted) while `threads`
+    threads timed steps had its cores shared with other work: more than BUSY_SWITCHES a second for each."""
+    return rate is not None and rate > BUSY_SWITCHES * max(1, threads)
 
 
 def too_noisy(times: dict[int, list[float]], limit: float = NOISE_LIMIT) -> bool:
@@ -325,15 +327,16 @@ def calibrate(
         max_context = int(getattr(model.config, "max_position_embeddings", 2048))
         watch = Preemptions()
         times = measure_step_times(step_timer, vocab, max_context, should_stop=should_stop, **measure_kw)
-        rate = watch.rate()
-        shared = watch.shared(torch.get_num_threads(), rate)
+        rate, threads = watch.rate(), torch.get_num_threads()
+        shared = device.type == "cpu" and shared_cores(rate, threads)
         ms, source = medians(times), "measured"
         cut_short = min(map(len, times.values())) < measure_kw.get("repeats", REPEATS)
         if cut_short or too_noisy(times) or shared:
             # better than the constants of another machine for now, but not worth keeping: next start measures again
             log.info("Step-cost timings %s (busy cores?); using them without keeping them.",
                      "ran out of time" if cut_short else
-                     f"were preempted {rate:.0f} times a second" if shared else
+                     f"were preempted {rate:.0f} times a second on {threads} threads (at most "
+                     f"{BUSY_SWITCHES} a thread kept)" if shared else
                      f"varied by more than {NOISE_LIMIT}x between rounds")
             path = None
         elif not write_cached(path, key, ms):

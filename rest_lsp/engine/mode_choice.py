@@ -12,7 +12,8 @@ The prefill runs in the winner's mode too, though another mode may prefill faste
 promise, REST = plain decoding, holds because every token's keys and values are computed alike, alone or beside
 others; keys from another mode's prefill would make a suggestion depend on which tokens came from a prefill. Within
 the gguf mode the integer kernel takes the fastest instructions for a call's row count (quant_matmul.py), bit for bit
-the same. Timings that disagree between rounds (busy cores) decide this load but are not kept.
+the same. Timings from busy cores (rounds that disagree, or threads the OS preempted often:
+calibration.shared_cores) decide this load but are not kept.
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ def time_mode(model: torch.nn.Module, packing: str, rounds: int = ROUNDS) -> tup
     watch = calibration.Preemptions()
     times = calibration.measure_step_times(step_timer, vocab, max_context, sizes=(1, TREE), context=PREFILL,
                                            repeats=rounds, max_seconds=math.inf)
-    shared = watch.shared(torch.get_num_threads())
+    shared = calibration.shared_cores(watch.rate(), torch.get_num_threads())
     one, tree = times[1], times[TREE]
     spread = max(max(v) / min(v) for v in (one, tree))
     timing = Timing(statistics.median(one), statistics.median(tree), statistics.median(prefills))

@@ -167,6 +167,22 @@ def test_each_candidate_is_timed_on_the_model_itself(tiny):
     assert chosen.mode in names and next(chosen.model.parameters()).dtype == chosen.dtype
 
 
+def test_timings_whose_threads_the_os_preempted_often_are_noisy(tiny, monkeypatch):
+    """One round (its spread says nothing) timed for real: noisy when the process was preempted far more than
+    calibration.BUSY_SWITCHES times a second (cores shared with other work), else not."""
+    import itertools
+
+    from rest_lsp.engine import calibration
+
+    loaded = load_model(str(tiny), "cpu", "float32")
+    weights, packing = mode_choice._weights(loaded.model, "gguf", runmode.decide("cpu", None, gguf=True))
+    monkeypatch.setattr(calibration, "_preemptions", lambda: 0)
+    assert mode_choice.time_mode(weights, packing, rounds=1)[1] is False
+    counts = itertools.count(0, 10**6)
+    monkeypatch.setattr(calibration, "_preemptions", lambda: next(counts))
+    assert mode_choice.time_mode(weights, packing, rounds=1)[1] is True
+
+
 @pytest.mark.parametrize("winner", ["rule", "gguf"])
 def test_after_real_timings_the_winner_decodes_and_rest_is_plain_decoding(tiny, monkeypatch, winner):
     """Both candidates timed for real (the lean engine fused and packed the weights for each), then the winner's
