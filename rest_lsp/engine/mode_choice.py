@@ -146,7 +146,7 @@ def _weights(model: torch.nn.Module, name: str, rule: RunMode) -> tuple[torch.nn
 @torch.no_grad()  # not inference mode: the lean engine's fused weights become the model's own parameters
 def time_mode(model: torch.nn.Module, packing: str, rounds: int = ROUNDS) -> tuple[Timing, bool]:
     """(the medians of the lean engine's timings on `model`'s weights in `packing`, whether its rounds disagree by
-    more than NOISE_LIMIT or the OS preempted its threads often: calibration.Preemptions). The steps are timed by
+    more than NOISE_LIMIT or the OS preempted its threads often: calibration.shared_cores). The steps are timed by
     calibration's one step timer (`measure_step_times`: sizes taking turns, a warm-up round dropped, each step run
     twice and the second timed); a step is the forward pass over its tokens and the head over their rows, on a cache
     of PREFILL random tokens whose prefill is timed too."""
