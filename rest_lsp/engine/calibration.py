@@ -40,10 +40,10 @@ MAX_SECONDS = 10.0  # no new round starts after this long: a slow model or a bus
 NOISE_LIMIT = 1.5  # rounds further apart than this (median over sizes of slowest / fastest) are not kept
 # Involuntary context switches a second, per thread timing steps, above which a measurement's cores were shared:
 # the OS took them for other work mid-step. A steady competitor slows every size alike, so the rounds agree and
-# NOISE_LIMIT passes them, while the curve is not this machine's. A quiet 2-core machine preempted each measuring
-# thread about 17 times a second; one busy process beside them, about five times as often (docs/LOG.md, 2026-12-07
-# (Zen 4)). The count is the whole process's: a thread of its own that the steps' threads preempt counts too (its
-# cores were not the measurement's alone either). CPU steps only: a GPU's curve is the device's.
+# NOISE_LIMIT passes them, while the curve is not this machine's. The limit sits well above a quiet machine's rate
+# and well below one with a busy process beside it (measured: docs/LOG.md, 2026-12-07 (Zen 4)). The count is the
+# whole process's: a thread of its own that the steps' threads preempt counts too (its cores were not the
+# measurement's alone either). CPU steps only: a GPU's curve is the device's.
 BUSY_SWITCHES = 40
 # Bumped when what is timed changes (e.g. a new step implementation): older files are then re-measured.
 # 2: the decoder's own step (lean engine or transformers), head included; 3: with no other thread of the process
