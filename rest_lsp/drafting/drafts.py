@@ -24,6 +24,8 @@ CONTINUATION_LENGTH = 10
 MAX_MATCHES = 2000
 # Nodes one proposal may bring: the tree keeps 16-64, and every node costs Python work at each step.
 PROPOSAL_NODES = 48
+# Occurrences of a query's last token above which a source searches them with numpy, not Python
+PYTHON_CANDIDATES = 64
 # A match this short is weak evidence; below it the fallback source (the model's own habits) is consulted too.
 WEAK_MATCH = 2
 
@@ -182,6 +184,30 @@ def _longest_match(
     return best, sorted(counts.items(), key=lambda kv: -kv[1])
 
 
+def _longest_match_listed(corpus: Sequence[int], candidates: list[int], query: Sequence[int], max_suffix: int,
+                          length: int, max_matches: int) -> tuple[int, list[Continuation]]:
+    """_longest_match over Python sequences, for few candidates: the same answer without numpy's per-call cost."""
+    if not candidates:
+        return 0, []
+    limit, end = min(max_suffix, len(query)), len(query) - 1
+    lengths = []
+    for i in candidates:  # the match ending at corpus[i]: how far back it agrees with the query's end
+        k = 1
+        while k < limit and k <= i and corpus[i - k] == query[end - k]:
+            k += 1
+        lengths.append(k)
+    best = max(lengths)
+    starts = [i + 1 for i, k in zip(candidates, lengths) if k == best][-max_matches:]
+    counts: dict[tuple[int, ...], float] = {}
+    for s in starts:
+        cont = tuple(corpus[s : s + length])
+        if _SEP in cont:
+            cont = cont[: cont.index(_SEP)]
+        if cont:
+            counts[cont] = counts.get(cont, 0.0) + 1.0
+    return best, sorted(counts.items(), key=lambda kv: -kv[1])
+
+
 class _MatchingSource:
     """A source that finds the longest match and its continuations; `propose` wraps them with the match length."""
 
@@ -207,12 +233,30 @@ class ContextLookup(_MatchingSource):
         self.max_suffix, self.length, self.max_matches = max_suffix, length, max_matches
 
     def match(self, context: Sequence[int]) -> tuple[int, list[Continuation]]:
-        if len(context) < 2:
+        """_longest_match's answer over the context, found in Python where the last token occurs at most
+        PYTHON_CANDIDATES times (a step's context is a list: converting it for numpy each step cost more than the
+        search), else by _longest_match itself."""
+        n = len(context)
+        if n < 2:
             return 0, []
-        ctx = np.asarray(context, dtype=np.int64)
-        # the last position is the query itself, never its own match
-        candidates = np.nonzero(ctx[:-1] == ctx[-1])[0]
-        return _longest_match(ctx, candidates, ctx, self.max_suffix, self.length, self.max_matches)
+        seq = context if isinstance(context, (list, tuple)) else list(context)
+        candidates = _occurrences(seq, seq[-1], n - 1)  # the last position is the query itself, never its own match
+        if len(candidates) > PYTHON_CANDIDATES:
+            ctx = np.asarray(seq, dtype=np.int64)
+            return _longest_match(ctx, np.asarray(candidates, dtype=np.int64), ctx, self.max_suffix, self.length,
+                                  self.max_matches)
+        return _longest_match_listed(seq, candidates, seq, self.max_suffix, self.length, self.max_matches)
+
+
+def _occurrences(seq: list[int] | tuple[int, ...], token: int, end: int) -> list[int]:
+    """The positions before `end` that hold `token`, ascending (list.index scans in C)."""
+    found, i = [], -1
+    try:
+        while True:
+            i = seq.index(token, i + 1, end)
+            found.append(i)
+    except ValueError:
+        return found
 
 
 class NgramDrafts(_MatchingSource):
@@ -236,6 +280,7 @@ class NgramDrafts(_MatchingSource):
         self._sorted = self.corpus[self._order]
         self.max_suffix, self.length, self.max_matches = max_suffix, length, max_matches
         self.name = name
+        self._listed: list[int] | None = None  # the corpus as a list, made on the first search of few candidates
 
     def match(self, context: Sequence[int]) -> tuple[int, list[Continuation]]:
         if not len(context) or not self.corpus.size:
@@ -243,6 +288,11 @@ class NgramDrafts(_MatchingSource):
         last = context[-1]
         lo, hi = np.searchsorted(self._sorted, [last, last + 1])
         candidates = self._order[lo:hi]  # ascending: the sort was stable
+        if hi - lo <= PYTHON_CANDIDATES:
+            if self._listed is None:
+                self._listed = self.corpus.tolist()
+            return _longest_match_listed(self._listed, candidates.tolist(), list(context[-self.max_suffix :]),
+                                         self.max_suffix, self.length, self.max_matches)
         query = np.asarray(context[-self.max_suffix :], dtype=np.int64)
         return _longest_match(self.corpus, candidates, query, self.max_suffix, self.length, self.max_matches)
 

@@ -1,7 +1,11 @@
 """Each draft source on its own: what it proposes, with which ratios and match lengths, and its bounds."""
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from rest_lsp.drafting import drafts
 from rest_lsp.drafting.acceptance import bucket
 from rest_lsp.datastore import Datastore
 from rest_lsp.drafting.draft_tree import build_tree
@@ -45,6 +49,43 @@ def test_context_lookup_reports_its_match_length():
     ctx = [9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
     [p] = ContextLookup().propose(ctx)
     assert p.source == "context" and p.match_length == 3 and p.tokens[:2] == (7, 8)
+
+
+def numpy_search(corpus: list[int], candidates, query: list[int]):
+    """_longest_match itself, over numpy arrays: what the sources' Python search must answer."""
+    return drafts._longest_match(np.asarray(corpus, dtype=np.int64), np.asarray(candidates, dtype=np.int64),
+                                 np.asarray(query, dtype=np.int64), drafts.MAX_SUFFIX, drafts.CONTINUATION_LENGTH,
+                                 drafts.MAX_MATCHES)
+
+
+# few token kinds: long repeats, ties, and last tokens occurring more than PYTHON_CANDIDATES times (numpy's path)
+tokens = st.lists(st.integers(0, 4), min_size=0, max_size=400)
+
+
+@settings(max_examples=150, deadline=None)
+@given(context=tokens, kinds=st.integers(1, 5), repeated=st.lists(st.integers(0, 4), max_size=40),
+       times=st.integers(0, 3))
+def test_the_context_search_answers_as_numpys_does(context, kinds, repeated, times):
+    context = [t % kinds for t in context] + repeated * times  # a repeated run: matches up to MAX_SUFFIX long
+    if len(context) < 2:
+        assert ContextLookup().match(context) == (0, [])
+        return
+    ctx = np.asarray(context)
+    expected = numpy_search(context, np.nonzero(ctx[:-1] == ctx[-1])[0], context)
+    assert ContextLookup().match(context) == expected
+    assert ContextLookup().match(tuple(context)) == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(streams=st.lists(tokens, min_size=1, max_size=3), context=st.lists(st.integers(0, 4), min_size=1, max_size=30))
+def test_the_ngram_search_answers_as_numpys_does(streams, context):
+    source = NgramDrafts(streams)
+    if not source.corpus.size:
+        assert source.match(context) == (0, [])
+        return
+    corpus = source.corpus.tolist()
+    candidates = [i for i in source._order.tolist() if corpus[i] == context[-1]]
+    assert source.match(context) == numpy_search(corpus, sorted(candidates), context[-drafts.MAX_SUFFIX:])
 
 
 def test_output_store_finds_what_the_model_wrote_after_the_same_context_and_forgets_the_oldest():
