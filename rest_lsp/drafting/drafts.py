@@ -172,16 +172,19 @@ def _longest_match(
         alive = ok
     best = int(matched.max())
     starts = candidates[matched == best][-max_matches:] + 1  # most recent occurrences when capped
+    return best, _tallied(tuple(corpus[s : s + length].tolist()) for s in starts.tolist())
+
+
+def _tallied(following: Iterable[tuple[int, ...]]) -> list[Continuation]:
+    """The distinct continuations among `following` (each cut at a stream separator, empty ones dropped), counted,
+    the most frequent first (ties in order of first appearance)."""
     counts: dict[tuple[int, ...], float] = {}
-    for s in starts.tolist():
-        cont = corpus[s : s + length]
-        cut = np.nonzero(cont == _SEP)[0]
-        if cut.size:
-            cont = cont[: cut[0]]
-        if cont.size:
-            key = tuple(cont.tolist())
-            counts[key] = counts.get(key, 0.0) + 1.0
-    return best, sorted(counts.items(), key=lambda kv: -kv[1])
+    for cont in following:
+        if _SEP in cont:
+            cont = cont[: cont.index(_SEP)]
+        if cont:
+            counts[cont] = counts.get(cont, 0.0) + 1.0
+    return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
 def _longest_match_listed(corpus: Sequence[int], candidates: list[int], query: Sequence[int], max_suffix: int,
@@ -198,14 +201,7 @@ def _longest_match_listed(corpus: Sequence[int], candidates: list[int], query: S
         lengths.append(k)
     best = max(lengths)
     starts = [i + 1 for i, k in zip(candidates, lengths) if k == best][-max_matches:]
-    counts: dict[tuple[int, ...], float] = {}
-    for s in starts:
-        cont = tuple(corpus[s : s + length])
-        if _SEP in cont:
-            cont = cont[: cont.index(_SEP)]
-        if cont:
-            counts[cont] = counts.get(cont, 0.0) + 1.0
-    return best, sorted(counts.items(), key=lambda kv: -kv[1])
+    return best, _tallied(tuple(corpus[s : s + length]) for s in starts)
 
 
 class _MatchingSource:
